@@ -1,0 +1,28 @@
+# The two commands from the README, and the pieces CI runs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: setup run test lint check
+
+# Create the virtual environment. torch is installed only when missing, pinned to 2.13.0 then
+# (a CPU wheel where one is available locally; elsewhere the normal build), so a GPU user's own
+# torch is kept. The package itself asks only for torch>=2.4.
+setup: $(BIN)/autotune
+
+$(BIN)/autotune: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+run: setup
+	$(BIN)/autotune run --model bert
+
+lint: setup
+	$(BIN)/ruff check autotune objectives tests
+	$(BIN)/mypy autotune
+
+test: setup lint
+	$(BIN)/python -m pytest -q

@@ -1,0 +1,161 @@
+"""What `autotune run` shows in a terminal: the start-up facts, progress, one line per trial, and
+the closing table. Outside a terminal the same facts come as plain lines (no bar, no colour)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autotune.hardware import format_bytes
+from autotune.knobs import Config
+from autotune.study import RunSummary, StartInfo, TrialView
+
+
+def short(config: Config) -> str:
+    """A config in a few words: what differs between trials, not the fixed knobs."""
+    parts = [f"batch {config.micro_batch_size}x{config.grad_accum_steps}",
+             "fp32" if config.amp == "off" else config.amp,
+             f"workers {config.num_workers}"]
+    if config.num_workers:
+        parts.append(f"prefetch {config.prefetch_factor}")
+    if config.pin_memory:
+        parts.append("pinned")
+    if config.world_size > 1:
+        parts += [f"bucket {config.ddp_bucket_cap_mb}MB", f"nccl {config.nccl_algo}"]
+    return ", ".join(parts)
+
+
+def _rate(value: float | None, cv: float | None = None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.2f} samples/s" + (f" ±{cv * 100:.1f}%" if cv is not None else "")
+
+
+class ConsoleReporter:
+    """Rich progress in a terminal, plain lines elsewhere."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False)
+        if not self.console.is_terminal:
+            # Logs and CI: one line per fact, never wrapped at 80 columns.
+            self.console.soft_wrap = True
+            self.console.width = max(self.console.width, 140)
+        self.live = self.console.is_terminal
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.total: int | None = None
+        self.start = time.monotonic()
+        self.timeout_s: float | None = None
+        self.best: TrialView | None = None
+        self.current = ""
+
+    # -- Reporter protocol ----------------------------------------------------------------------
+
+    def started(self, info: StartInfo) -> None:
+        p = self.console.print
+        p(f"autotune: study {info.study_name} in {info.storage}")
+        p(f"  hardware     {info.hardware.describe()}")
+        for note in info.hardware.notes:
+            p(f"  note         {note}")
+        p(f"  memory limit {format_bytes(info.memory_limit_bytes)} per rank")
+        p(f"  budget       {info.budget}")
+        p(f"  outputs      {info.out_dir}")
+        p(f"  search space {info.space.name} ({info.space.source}):")
+        for line in info.space.describe():
+            p("  " + line)
+        if info.done_before:
+            p(f"  resuming     {info.done_before} trial(s) already measured")
+        if self.live:
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                     TextColumn("{task.completed}/{task.total} trials"),
+                                     TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                                     console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("tuning", total=None, status="",
+                                               completed=info.done_before)
+
+    def trial_started(self, number: int, index: int, total: int | None, config: Config,
+                      is_baseline: bool, timeout_s: float) -> None:
+        label = " (baseline)" if is_baseline else ""
+        self.current = f"trial {index}{'/' + str(total) if total else ''}{label}: {short(config)}"
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, description=self.current, total=total,
+                                 status=self._best_text())
+        else:
+            self.console.print(f"{self.current} ...")
+
+    def trial_event(self, event: dict[str, Any]) -> None:
+        if self.progress is None or self.task is None:
+            return
+        kind = event.get("event")
+        if kind == "built":
+            status = f"built in {event['build_s']:.1f}s, warming up"
+        elif kind == "warmup_step":
+            status = f"warm-up step {event['seconds']:.2f}s"
+        elif kind == "window":
+            status = f"window {event['index'] + 1}: {event['samples_per_sec']:,.2f} samples/s"
+        else:
+            return
+        self.progress.update(self.task, status=f"{status} | {self._best_text()}")
+
+    def trial_finished(self, view: TrialView, best: TrialView | None) -> None:
+        self.best = best
+        tag = ""
+        if view.is_baseline:
+            tag = " baseline"
+        if best is not None and best.number == view.number:
+            tag += " new best"
+        if view.status == "ok":
+            what = (f"{_rate(view.samples_per_sec, view.spread_cv)}, "
+                    f"peak {format_bytes(view.peak_memory_bytes)}")
+            if view.reused_from is not None:
+                what += f" (same config as trial #{view.reused_from}: not re-run)"
+        else:
+            what = f"{view.status}: {view.reason}"
+        line = f"  #{view.number:<3} {short(view.config):<44} {what}{tag}"
+        if self.progress is not None and self.task is not None:
+            self.progress.advance(self.task)
+            self.progress.console.print(line)
+        else:
+            self.console.print(line)
+
+    def finished(self, summary: RunSummary) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        p = self.console.print
+        counts: dict[str, int] = {}
+        for t in summary.trials:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        p(f"\nstopped: {summary.stop_reason}; {len(summary.trials)} trial(s) in the study "
+          f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
+          f"this run took {summary.wall_s / 60:.1f} min")
+        if summary.best is None:
+            p("no configuration has been measured successfully yet; no profile written")
+            return
+        table = Table(show_header=True, header_style="bold")
+        for col in ("", "config", "samples/s", "spread", "peak memory", "data wait", "compute"):
+            table.add_column(col)
+        rows = [("baseline", summary.baseline), ("best", summary.best)]
+        for name, view in rows:
+            if view is None:
+                table.add_row(name, "not measured", "-", "-", "-", "-", "-")
+                continue
+            b = view.breakdown
+            table.add_row(name, short(view.config), f"{view.samples_per_sec:,.2f}",
+                          f"{(view.spread_cv or 0) * 100:.1f}%",
+                          format_bytes(view.peak_memory_bytes),
+                          f"{b.get('data_wait', 0) * 100:.0f}%",
+                          f"{b.get('compute', 0) * 100:.0f}%")
+        p(table)
+        if summary.speedup is not None:
+            p(f"speedup over the baseline: {summary.speedup:.2f}x")
+        p(f"profile: {summary.profile_path}")
+
+    def _best_text(self) -> str:
+        if self.best is None:
+            return "best: -"
+        return f"best {_rate(self.best.samples_per_sec)} (#{self.best.number})"

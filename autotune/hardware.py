@@ -1,0 +1,254 @@
+"""What this machine is: the fingerprint and the probes behind it.
+
+This is the only module that asks the machine. It never initialises CUDA: GPUs are read through NVML
+(``nvidia-ml-py``, module ``pynvml``) and torch attributes that need no CUDA context, so the tuner
+process leaves every byte of GPU memory to the trials.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+import autotune
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    memory_total_bytes: int
+    compute_capability: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The devices a study runs on, and the versions a measurement depends on."""
+
+    device: str  # "cuda" or "cpu"
+    gpus: tuple[GPU, ...]
+    cpu_model: str
+    cpu_cores: int
+    cpu_bf16: bool
+    memory_total_bytes: int
+    memory_available_bytes: int
+    torch_version: str
+    cuda_version: str | None = None
+    nccl_version: str | None = None
+    driver_version: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def supports_bf16(self) -> bool:
+        if self.device == "cuda":
+            return all(g.compute_capability >= (8, 0) for g in self.gpus)
+        return self.cpu_bf16
+
+    @property
+    def supports_fp16(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Memory one rank may use: the smallest GPU's memory, or the RAM available now on CPU."""
+        if self.device == "cuda":
+            return min(g.memory_total_bytes for g in self.gpus)
+        return self.memory_available_bytes
+
+    @property
+    def device_memory_ceiling(self) -> int:
+        """The most a memory limit may ask for: GPU memory, or all of the RAM on CPU."""
+        if self.device == "cuda":
+            return min(g.memory_total_bytes for g in self.gpus)
+        return self.memory_total_bytes
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What makes a measurement valid elsewhere. Excludes what changes minute to minute."""
+        return {
+            "device": self.device,
+            "gpus": [
+                {"name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                 "compute_capability": list(g.compute_capability)}
+                for g in self.gpus
+            ],
+            "gpu_count": len(self.gpus),
+            "cpu_model": self.cpu_model,
+            "cpu_cores": self.cpu_cores,
+            "memory_total_gib": round(self.memory_total_bytes / 2**30),
+            "driver_version": self.driver_version,
+            "cuda_version": self.cuda_version,
+            "nccl_version": self.nccl_version,
+            "torch_version": self.torch_version,
+            "autotune_version": autotune.__version__,
+        }
+
+    def fingerprint_id(self) -> str:
+        blob = json.dumps(self.fingerprint(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:8]
+
+    def describe(self) -> str:
+        if self.device == "cuda":
+            names = {g.name for g in self.gpus}
+            return f"{len(self.gpus)} x {', '.join(sorted(names))} (CUDA {self.cuda_version})"
+        bf16 = "bf16" if self.cpu_bf16 else "no native bf16"
+        return f"CPU {self.cpu_model}, {self.cpu_cores} cores, {bf16}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = [asdict(g) for g in self.gpus]
+        return data
+
+
+def _cpu_info() -> tuple[str, bool]:
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = value
+    except OSError:
+        pass
+    words = set(flags.split())
+    # x86: avx512_bf16 or AMX; Arm: the bf16 feature flag.
+    bf16 = bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
+    return model or "unknown", bf16
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _visible_indices(count: int) -> list[int]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    picked = []
+    for part in visible.split(","):
+        part = part.strip()
+        if not part.isdigit():  # UUIDs, MIG names, "-1": take none rather than guess
+            return [] if part in ("", "-1") else list(range(count))
+        if int(part) < count:
+            picked.append(int(part))
+    return picked
+
+
+def _nvml_gpus() -> tuple[list[GPU], str | None, str | None]:
+    """GPUs through NVML; ([], None, reason) when there is no usable NVIDIA driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], None, "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return [], None, f"no NVIDIA driver ({exc.__class__.__name__})"
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        gpus = []
+        for i in _visible_indices(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else name
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            gpus.append(GPU(index=i, name=name, memory_total_bytes=int(mem),
+                            compute_capability=(int(cc[0]), int(cc[1]))))
+        return gpus, driver, None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def detect() -> Hardware:
+    """Read this machine without initialising CUDA."""
+    import torch
+
+    cpu_model, cpu_bf16 = _cpu_info()
+    mem = psutil.virtual_memory()
+    notes: list[str] = []
+    gpus, driver, why_not = _nvml_gpus()
+    cuda_version = torch.version.cuda
+    if gpus and cuda_version is None:
+        notes.append("NVIDIA GPUs found but this torch build has no CUDA; tuning on the CPU")
+        gpus = []
+    elif not gpus and why_not:
+        notes.append(why_not)
+    nccl = None
+    if gpus:
+        try:
+            # Reads the linked library's version; does not create a CUDA context.
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception:
+            nccl = None
+    return Hardware(
+        device="cuda" if gpus else "cpu",
+        gpus=tuple(gpus),
+        cpu_model=cpu_model,
+        cpu_cores=_cpu_cores(),
+        cpu_bf16=cpu_bf16,
+        memory_total_bytes=int(mem.total),
+        memory_available_bytes=int(mem.available),
+        torch_version=str(torch.__version__),
+        cuda_version=cuda_version if gpus else None,
+        nccl_version=nccl,
+        driver_version=driver,
+        notes=tuple(notes),
+    )
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+          "tib": 2**40}
+
+
+def format_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def memory_limit(spec: str | None, hw: Hardware) -> int:
+    """Bytes one rank may use. ``spec`` is a size (``20GiB``, ``512MB``) or a fraction (``0.8``).
+
+    Default: 90% of GPU memory, or 80% of the RAM available now on CPU. A fraction is of the same
+    base (GPU memory, or RAM available now). A limit above the device's memory is an error.
+    """
+    from autotune.errors import UsageError
+
+    base = hw.device_memory_bytes
+    if spec is None:
+        return int(base * (0.9 if hw.device == "cuda" else 0.8))
+    text = spec.strip().lower().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    if unit not in _UNITS or not value > 0:
+        raise UsageError(f"--memory-limit must be a size like 20GiB or a fraction like 0.8, "
+                         f"got {spec!r}")
+    if unit == "" and value <= 1.0:
+        return int(base * value)
+    limit = int(value * _UNITS[unit])
+    ceiling = hw.device_memory_ceiling
+    if limit > ceiling:
+        what = "GPU memory" if hw.device == "cuda" else "RAM"
+        raise UsageError(f"--memory-limit {spec} is above this machine's {what} "
+                         f"({format_bytes(ceiling)}); pass at most {ceiling // 2**30}GiB "
+                         "or a fraction like 0.8")
+    if limit < 2**20:
+        raise UsageError(f"--memory-limit {spec} is below 1 MiB; did you mean {spec}GiB?")
+    return limit

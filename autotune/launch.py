@@ -1,0 +1,210 @@
+"""Starting trial processes: ``plan`` builds the launch as data, ``execute`` is the only subprocess.
+
+``plan`` is pure (tests assert on it without starting anything). ``execute`` starts the trial in a
+fresh process in its own session (so its process group can be killed as a whole: loader workers,
+and later torchrun's ranks, included), enforces the hard timeout and the memory limit, samples the
+tree's memory, tails the progress file, and always leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autotune.knobs import Config, env_for
+from autotune.measurement import RawResult
+
+STDERR_TAIL_BYTES = 8000
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    argv: tuple[str, ...]
+    env: dict[str, str]  # set on top of the tuner's environment
+    timeout_s: float
+    spec: dict[str, Any]  # written to spec_path before the start
+    spec_path: str
+    result_path: str
+    progress_path: str
+    stderr_path: str
+    memory_limit_bytes: int | None = None  # enforced by the launcher on CPU (tree memory)
+    address_space_bytes: int | None = None  # RLIMIT_AS for the trial process, if set
+    device: str = "cpu"
+
+
+def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: Path,
+         timeout_s: float, measure: Mapping[str, Any] | None = None,
+         memory_limit_bytes: int | None = None, address_space_bytes: int | None = None,
+         python: str = sys.executable, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
+    """The trial launch as data: argv, environment and files. Starts nothing."""
+    spec = {"workload": dict(workload), "config": config.to_dict(), "device": device,
+            "measure": dict(measure or {}), "memory_limit_bytes": memory_limit_bytes}
+    env = {
+        # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
+        **env_for(config),
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",  # tokenizers' own threads would fight loader workers
+        **dict(extra_env or {}),
+    }
+    files = {k: str(workdir / f"{k}.{ext}") for k, ext in
+             (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+    argv = (python, "-m", "autotune.bench", files["spec"], files["result"], files["progress"])
+    return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec,
+                     spec_path=files["spec"], result_path=files["result"],
+                     progress_path=files["progress"], stderr_path=files["stderr"],
+                     memory_limit_bytes=memory_limit_bytes if device == "cpu" else None,
+                     address_space_bytes=address_space_bytes, device=device)
+
+
+def _preexec(address_space_bytes: int | None) -> Callable[[], None]:
+    def setup() -> None:
+        # Die with the tuner: Linux sends SIGTERM to this child when its parent exits, and the
+        # trial's handler then kills its whole process group (workers, ranks, their children).
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if address_space_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+
+    return setup
+
+
+def tree_memory_bytes(pid: int) -> int:
+    """Memory of a process and all its descendants: PSS where the kernel gives it, else RSS.
+
+    PSS splits shared pages between the processes that share them, so forked loader workers are
+    not counted once per worker for the pages they share with their parent.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+            total += int(getattr(info, "pss", 0) or info.rss)
+        except psutil.Error:
+            continue
+    return total
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _read_windows(path: str) -> list[dict[str, Any]]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    windows = []
+    for line in lines:
+        with contextlib.suppress(json.JSONDecodeError):
+            event = json.loads(line)
+            if event.get("event") == "window":
+                windows.append({k: event[k] for k in ("samples", "seconds", "data_wait_s")})
+    return windows
+
+
+def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
+            poll_s: float = 0.1) -> RawResult:
+    """Run a planned trial to its end, its timeout or its memory limit; returns what was seen.
+
+    KeyboardInterrupt kills the trial's process group and comes back as ``interrupted``.
+    """
+    Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(p.spec_path).write_text(json.dumps(p.spec))
+    for path in (p.result_path, p.progress_path):
+        Path(path).unlink(missing_ok=True)
+    env = {**os.environ, **p.env}
+    # The trial imports autotune from wherever the tuner did (source checkout or installed).
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, env.get("PYTHONPATH")) if x)
+    start = time.monotonic()
+    timed_out = killed_for_memory = interrupted = False
+    peak = 0
+    seen = 0
+    with open(p.stderr_path, "wb") as err:
+        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                start_new_session=True, preexec_fn=_preexec(p.address_space_bytes))
+        try:
+            next_sample = 0.0
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now - start > p.timeout_s:
+                    timed_out = True
+                    break
+                if now >= next_sample:  # PSS reads cost a little; 5 Hz is plenty
+                    peak = max(peak, tree_memory_bytes(proc.pid))
+                    next_sample = now + 0.2
+                    if p.memory_limit_bytes and peak > p.memory_limit_bytes:
+                        killed_for_memory = True
+                        break
+                if on_event is not None:
+                    seen = _forward_events(p.progress_path, seen, on_event)
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            _kill_group(proc.pid)  # the whole group: workers, ranks, anything they started
+            proc.wait()
+            _reap_stragglers(proc.pid)
+    if on_event is not None:
+        _forward_events(p.progress_path, seen, on_event)
+    result = None
+    if Path(p.result_path).exists():
+        with contextlib.suppress(json.JSONDecodeError, OSError):
+            result = json.loads(Path(p.result_path).read_text())
+    data = Path(p.stderr_path).read_bytes()
+    return RawResult(
+        returncode=proc.returncode, timed_out=timed_out, result=result,
+        stderr_tail=data[-STDERR_TAIL_BYTES:].decode(errors="replace"),
+        wall_s=time.monotonic() - start, tree_peak_bytes=peak,
+        killed_for_memory=killed_for_memory, interrupted=interrupted, timeout_s=p.timeout_s,
+        partial_windows=_read_windows(p.progress_path) if timed_out else [],
+    )
+
+
+def _reap_stragglers(pgid: int) -> None:
+    """Wait (briefly) until no process of the trial's group is left."""
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        alive = [q for q in psutil.process_iter(["pid"]) if _pgid(q.pid) == pgid]
+        if not alive:
+            return
+        _kill_group(pgid)
+        time.sleep(0.05)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _forward_events(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return seen
+    for line in lines[seen:]:
+        with contextlib.suppress(json.JSONDecodeError):
+            on_event(json.loads(line))
+    return len(lines)
+

@@ -1,0 +1,202 @@
+"""What one run of one config produced, the statistics behind it, and the outcome classifier.
+
+A trial process reports one JSON document (schema ``autotune.trial/v1``). ``classify`` turns the
+finished process (exit code, timeout, that document, stderr) into a Measurement. It is a pure
+function: every outcome rule is here and tested without starting a process.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RESULT_SCHEMA = "autotune.trial/v1"
+STATUSES = ("ok", "oom", "timeout", "error")
+
+# What allocators print when memory runs out: CUDA's caching allocator, the CPU allocator, Python.
+_OOM_PATTERNS = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory|"
+    r"\bMemoryError\b|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|out of memory",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class RawResult:
+    """What the launcher saw of a finished trial process; the input of ``classify``."""
+
+    returncode: int | None
+    timed_out: bool
+    result: dict[str, Any] | None
+    stderr_tail: str
+    wall_s: float
+    tree_peak_bytes: int = 0  # peak memory of the trial's process tree, sampled by the launcher
+    killed_for_memory: bool = False  # the launcher ended it for passing the memory limit
+    interrupted: bool = False
+    timeout_s: float = 0.0
+    partial_windows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One trial's outcome. ``samples_per_sec`` is the median over steady-state windows."""
+
+    status: str
+    reason: str | None = None
+    samples_per_sec: float | None = None
+    spread_cv: float | None = None
+    peak_memory_bytes: int = 0
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    breakdown: dict[str, float] = field(default_factory=dict)
+    step_time_s: float | None = None
+    warmup: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    tflops: float | None = None
+    stderr_tail: str = ""
+    # From an incomplete measurement (a timeout): partial windows, or the first (slowest) step.
+    # Never used as a result; it tells the sampler roughly where a too-slow config stood.
+    rough_samples_per_sec: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def overhead_share(self) -> float | None:
+        """Share of the trial's wall time spent before measuring: start, imports, build, warm-up."""
+        measure = self.timings.get("measure_s")
+        if measure is None or self.wall_s <= 0:
+            return None
+        return max(0.0, 1.0 - measure / self.wall_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def median_and_cv(values: list[float]) -> tuple[float, float]:
+    """Median and coefficient of variation (sample stdev / mean; 0 for fewer than 2 values)."""
+    if not values:
+        raise ValueError("no values")
+    med = statistics.median(values)
+    if len(values) < 2:
+        return med, 0.0
+    mean = statistics.fmean(values)
+    return med, statistics.stdev(values) / mean if mean > 0 else math.inf
+
+
+def check_result(doc: Any) -> list[str]:
+    """Problems with a trial result document (empty when it is valid)."""
+    if not isinstance(doc, dict):
+        return ["the result is not a JSON object"]
+    problems = []
+    if doc.get("schema") != RESULT_SCHEMA:
+        problems.append(f"schema is {doc.get('schema')!r}, expected {RESULT_SCHEMA!r}")
+    status = doc.get("status")
+    if status not in STATUSES:
+        problems.append(f"status is {status!r}, expected one of {', '.join(STATUSES)}")
+    if status == "ok":
+        windows = doc.get("windows")
+        if not isinstance(windows, list) or not windows:
+            problems.append("an ok result needs at least one timed window")
+        else:
+            for i, w in enumerate(windows):
+                if not isinstance(w, dict) or not all(
+                    isinstance(v, int | float) and v > 0
+                    for v in (w.get("samples"), w.get("seconds"))
+                ):
+                    problems.append(f"window {i} needs positive 'samples' and 'seconds'")
+    if not isinstance(doc.get("peak_memory_bytes", 0), int):
+        problems.append("peak_memory_bytes must be an integer")
+    return problems
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _from_windows(windows: list[dict[str, Any]]) -> tuple[float, float, dict[str, float]]:
+    rates = [w["samples"] / w["seconds"] for w in windows]
+    med, cv = median_and_cv(rates)
+    total = sum(w["seconds"] for w in windows)
+    wait = sum(w.get("data_wait_s", 0.0) for w in windows)
+    breakdown = {"data_wait": wait / total, "compute": 1.0 - wait / total} if total > 0 else {}
+    return med, cv, breakdown
+
+
+def classify(raw: RawResult, device: str = "cpu") -> Measurement:
+    """Map a finished trial process to ok / oom / timeout / error, with the reason.
+
+    Order matters: a user's Ctrl-C and our own kills are known facts and come first; then the
+    trial's own report; then what the exit code and stderr say about a process that died silently.
+    """
+    doc = raw.result
+    reported_peak = int(doc.get("peak_memory_bytes", 0)) if isinstance(doc, dict) else 0
+    # On CPU the process tree's sampled peak counts too (loader workers are separate processes);
+    # on CUDA the device figure reported by the trial is the one the limit is about.
+    peak = reported_peak if device == "cuda" else max(reported_peak, raw.tree_peak_bytes)
+    common: dict[str, Any] = dict(peak_memory_bytes=peak, wall_s=raw.wall_s,
+                                  stderr_tail=raw.stderr_tail)
+
+    if raw.interrupted:
+        return Measurement("error", "interrupted by the user", **common)
+    if raw.killed_for_memory:
+        return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
+                           **common)
+    if raw.timed_out:
+        partial = raw.partial_windows
+        reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
+        if partial:
+            med, cv, breakdown = _from_windows(partial)
+            reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
+            return Measurement("timeout", reason, windows=partial, breakdown=breakdown,
+                               rough_samples_per_sec=med, **common)
+        return Measurement("timeout", reason, **common)
+    if doc is not None:
+        problems = check_result(doc)
+        if problems:
+            return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
+        status = doc["status"]
+        if status != "ok":
+            rough = doc.get("first_step_samples_per_sec")
+            return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
+                               windows=doc.get("windows") or [], timings=doc.get("timings") or {},
+                               warmup=doc.get("warmup") or {},
+                               rough_samples_per_sec=rough if isinstance(rough, float) else None,
+                               **common)
+        med, cv, breakdown = _from_windows(doc["windows"])
+        fps = doc.get("flops_per_sample")
+        return Measurement(
+            "ok", None, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
+            breakdown=breakdown, step_time_s=doc.get("step_time_s"),
+            warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
+            tflops=(med * fps / 1e12) if isinstance(fps, int | float) and fps > 0 else None,
+            **common,
+        )
+    if _OOM_PATTERNS.search(raw.stderr_tail):
+        return Measurement("oom", _last_line(_oom_lines(raw.stderr_tail)), **common)
+    if raw.returncode is not None and raw.returncode < 0:
+        name = _signal_name(raw.returncode)
+        if name == "SIGKILL":
+            # Nobody here sent it (timeouts and limit kills are handled above): the kernel's OOM
+            # killer is by far the most common sender.
+            return Measurement("oom", "killed by SIGKILL, most likely the kernel's OOM killer",
+                               **common)
+        return Measurement("error", f"trial process died from {name}", **common)
+    return Measurement("error", f"trial exited with code {raw.returncode} and no result: "
+                       f"{_last_line(raw.stderr_tail)}", **common)
+
+
+def _oom_lines(text: str) -> str:
+    return "\n".join(ln for ln in text.splitlines() if _OOM_PATTERNS.search(ln))

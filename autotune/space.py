@@ -1,0 +1,299 @@
+"""Search spaces: load and validate YAML, narrow to the hardware, turn into Optuna suggestions.
+
+A space file declares knobs under ``knobs:``, each either ``{choices: [...]}`` or an integer range
+``{low: L, high: H, log: false, step: 1}``. Every problem in a file is reported at once. Narrowing
+removes what the hardware cannot run; a knob that does not apply is fixed and recorded with the
+reason, never silently searched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from autotune import _data_dir
+from autotune.errors import SpaceError, UsageError
+from autotune.knobs import KNOBS, Config
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class Choices:
+    values: tuple[Any, ...]
+
+    def describe(self) -> str:
+        return "{" + ", ".join(_show(v) for v in self.values) + "}"
+
+
+@dataclass(frozen=True)
+class IntRange:
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+
+    def describe(self) -> str:
+        scale = ", log" if self.log else (f", step {self.step}" if self.step != 1 else "")
+        return f"[{self.low} .. {self.high}{scale}]"
+
+    def contains(self, value: int) -> bool:
+        return self.low <= value <= self.high and (value - self.low) % self.step == 0
+
+
+Domain = Choices | IntRange
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated space file: knob name -> domain."""
+
+    name: str
+    source: str
+    knobs: dict[str, Domain]
+
+
+def builtin_spaces() -> dict[str, Path]:
+    """Search spaces that ship with autotune, by name."""
+    root = _data_dir("search_spaces")
+    return {p.stem: p for p in sorted(root.glob("*.yaml"))}
+
+
+def resolve_space_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise UsageError(f"search space file {name_or_path} does not exist; "
+                             "pass a YAML file or a built-in name (see `autotune list`)")
+        return path
+    spaces = builtin_spaces()
+    if name_or_path not in spaces:
+        raise UsageError(f"unknown search space {name_or_path!r}; built-in spaces: "
+                         f"{', '.join(sorted(spaces))}, or pass a path to a YAML file")
+    return spaces[name_or_path]
+
+
+def load_space(name_or_path: str) -> SearchSpace:
+    """Load and validate a space; raises SpaceError listing every problem found."""
+    path = resolve_space_path(name_or_path)
+    source = str(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", exc)
+        raise SpaceError(source, [f"not valid YAML{where}: {problem}"]) from None
+    return parse_space(data, name=path.stem, source=source)
+
+
+def parse_space(data: Any, name: str, source: str) -> SearchSpace:
+    problems: list[str] = []
+    if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict):
+        raise SpaceError(source, ["the file must be a mapping with a 'knobs:' mapping inside"])
+    for key in sorted(set(data) - {"knobs", "description"}):
+        problems.append(f"unknown top-level key {key!r} (allowed: knobs, description)")
+    knobs: dict[str, Domain] = {}
+    for knob_name, spec in data["knobs"].items():
+        if knob_name not in KNOBS:
+            problems.append(f"unknown knob {knob_name!r} (known: {', '.join(KNOBS)})")
+            continue
+        domain = _parse_domain(knob_name, spec, problems)
+        if domain is not None:
+            knobs[knob_name] = domain
+    if problems:
+        raise SpaceError(source, problems)
+    return SearchSpace(name=name, source=source, knobs=knobs)
+
+
+def _parse_domain(name: str, spec: Any, problems: list[str]) -> Domain | None:
+    knob = KNOBS[name]
+    if not isinstance(spec, dict):
+        problems.append(f"knob {name}: expected {{choices: [...]}} or {{low: .., high: ..}}, "
+                        f"got {spec!r}")
+        return None
+    if "choices" in spec:
+        extra = sorted(set(spec) - {"choices"})
+        if extra:
+            problems.append(f"knob {name}: unknown keys {extra} next to 'choices'")
+        raw = spec["choices"]
+        if not isinstance(raw, list) or not raw:
+            problems.append(f"knob {name}: choices must be a non-empty list, got {raw!r}")
+            return None
+        values: list[Any] = []
+        for value in raw:
+            try:
+                parsed = knob.parse(value)
+            except ValueError as exc:
+                problems.append(f"knob {name}: {exc}")
+                continue
+            if parsed not in values:
+                values.append(parsed)
+        return Choices(tuple(values)) if values else None
+    extra = sorted(set(spec) - {"low", "high", "log", "step"})
+    if extra or "low" not in spec or "high" not in spec:
+        problems.append(f"knob {name}: a range needs 'low' and 'high' (optional 'log', 'step'); "
+                        f"got keys {sorted(spec)}")
+        return None
+    try:
+        low, high = knob.parse(spec["low"]), knob.parse(spec["high"])
+    except ValueError as exc:
+        problems.append(f"knob {name}: {exc}")
+        return None
+    if not isinstance(low, int) or isinstance(low, bool):
+        problems.append(f"knob {name}: ranges are for integer knobs; use choices")
+        return None
+    log, step = spec.get("log", False), spec.get("step", 1)
+    if low > high:
+        problems.append(f"knob {name}: low ({low}) must be <= high ({high})")
+    if not isinstance(log, bool):
+        problems.append(f"knob {name}: log must be true or false, got {log!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        problems.append(f"knob {name}: step must be an integer >= 1, got {step!r}")
+    elif log and step != 1:
+        problems.append(f"knob {name}: log ranges take no step (Optuna's rule), got step {step}")
+    if log and low < 1:
+        problems.append(f"knob {name}: a log range needs low >= 1, got {low}")
+    return IntRange(low, high, bool(log), step if isinstance(step, int) else 1)
+
+
+@dataclass(frozen=True)
+class NarrowedSpace:
+    """The space this study searches on this hardware, and what was fixed or removed, and why."""
+
+    name: str
+    source: str
+    searched: dict[str, Domain]
+    fixed: dict[str, tuple[Any, str]]  # knob -> (value, reason)
+    removed: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)
+    world_size: int = 1
+
+    def suggest(self, trial: optuna.Trial, baseline: Config) -> Config:
+        """Ask Optuna for one config (define-by-run, so conditional knobs stay conditional)."""
+        values: dict[str, Any] = {name: value for name, (value, _) in self.fixed.items()}
+        for name, domain in self.searched.items():
+            knob = KNOBS[name]
+            if knob.only_when_positive and not _positive(values, knob.only_when_positive,
+                                                          self, trial):
+                values[name] = None
+                continue
+            values[name] = _suggest_one(trial, name, domain)
+        return _config(values, baseline, self.world_size)
+
+    def params_for(self, config: Config) -> dict[str, Any]:
+        """Optuna params that make a trial run ``config`` (for enqueueing the baseline)."""
+        data = config.to_dict()
+        params = {}
+        for name in self.searched:
+            dep = KNOBS[name].only_when_positive
+            if dep and not data[dep]:
+                continue
+            params[name] = data[name]
+        return params
+
+    def describe(self) -> list[str]:
+        lines = [f"  {name:<18} {d.describe()}" for name, d in self.searched.items()]
+        for name, pairs in self.removed.items():
+            for value, why in pairs:
+                lines.append(f"  {name:<18} dropped {_show(value)}: {why}")
+        for name, (value, why) in self.fixed.items():
+            lines.append(f"  {name:<18} fixed to {_show(value)}: {why}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        def domain(d: Domain) -> dict[str, Any]:
+            if isinstance(d, Choices):
+                return {"choices": list(d.values)}
+            return {"low": d.low, "high": d.high, "log": d.log, "step": d.step}
+
+        return {
+            "name": self.name,
+            "source": self.source,
+            "world_size": self.world_size,
+            "searched": {k: domain(d) for k, d in self.searched.items()},
+            "fixed": {k: {"value": v, "reason": why} for k, (v, why) in self.fixed.items()},
+            "removed": {k: [{"value": v, "reason": why} for v, why in pairs]
+                        for k, pairs in self.removed.items()},
+        }
+
+
+def _positive(values: dict[str, Any], dep: str, space: NarrowedSpace,
+              trial: optuna.Trial) -> bool:
+    if dep not in values:  # the dependency is searched after this knob; ask for it first
+        values[dep] = _suggest_one(trial, dep, space.searched[dep])
+    return bool(values[dep])
+
+
+def _suggest_one(trial: optuna.Trial, name: str, domain: Domain) -> Any:
+    if isinstance(domain, Choices):
+        return trial.suggest_categorical(name, list(domain.values))
+    return trial.suggest_int(name, domain.low, domain.high, log=domain.log, step=domain.step)
+
+
+def _config(values: dict[str, Any], baseline: Config, world_size: int) -> Config:
+    merged = baseline.to_dict()
+    merged.update(values)
+    merged["world_size"] = world_size
+    if not merged["num_workers"]:
+        merged["prefetch_factor"] = None
+    elif merged["prefetch_factor"] is None:
+        merged["prefetch_factor"] = 2  # DataLoader's default with workers
+    return Config.from_dict(merged)
+
+
+def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config) -> NarrowedSpace:
+    """Keep what this hardware can run; the baseline's values always stay in the space.
+
+    Raises UsageError when a knob loses every value it had.
+    """
+    base = baseline.to_dict()
+    searched: dict[str, Domain] = {}
+    fixed: dict[str, tuple[Any, str]] = {}
+    removed: dict[str, list[tuple[Any, str]]] = {}
+    for name, knob in KNOBS.items():
+        domain = space.knobs.get(name)
+        if domain is None:
+            fixed[name] = (base[name], f"not in search space {space.name}")
+            continue
+        why_not = knob.applies(hw, world_size)
+        if why_not:
+            fixed[name] = (base[name], why_not)
+            continue
+        if isinstance(domain, IntRange):
+            searched[name] = domain
+            continue
+        keep = []
+        for value in domain.values:
+            why = knob.value_ok(value, hw, world_size)
+            if why:
+                removed.setdefault(name, []).append((value, why))
+            else:
+                keep.append(value)
+        if base[name] is not None and base[name] not in keep and name != "prefetch_factor":
+            keep.insert(0, base[name])  # the baseline is always measurable
+        if not keep:
+            raise UsageError(f"knob {name} has no value this hardware can run "
+                             f"({removed.get(name)}); widen it in {space.source}")
+        if len(keep) == 1:
+            fixed[name] = (keep[0], "only one value left")
+        else:
+            searched[name] = Choices(tuple(keep))
+    for name, (value, _) in list(fixed.items()):
+        # A fixed knob still has to be runnable (e.g. a space that fixes prefetch without workers).
+        if value is None and name != "prefetch_factor":
+            raise UsageError(f"knob {name} has no value; add it to {space.source}")
+    return NarrowedSpace(space.name, space.source, searched, fixed, removed, world_size)
+
+
+def with_baseline_batch(baseline: Config, micro_batch_size: int) -> Config:
+    return replace(baseline, micro_batch_size=micro_batch_size)

@@ -1,0 +1,534 @@
+"""The only Optuna caller: open or resume the study, enqueue the baseline, run and record trials.
+
+Trials are asked and told one at a time (ask/tell), so each gets a per-trial timeout cut to the
+remaining budget, Ctrl-C is recorded on the running trial, and a killed tuner's trial is found and
+retried on the next run (by its dead process id on this host at once, by heartbeat elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import launch
+from autotune.errors import AutotuneError, StorageError, UsageError
+from autotune.hardware import Hardware, detect, memory_limit
+from autotune.knobs import Config, env_for
+from autotune.measurement import Measurement, classify
+from autotune.profile import Profile, fingerprint_diff
+from autotune.space import NarrowedSpace, load_space, narrow
+from autotune.workloads import WorkloadSpec, resolve
+
+DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a 2-core CPU
+HEARTBEAT_S = 10
+GRACE_S = 60
+TPE_STARTUP_TRIALS = 5
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass
+class RunOptions:
+    """Everything ``autotune run`` takes; defaults are the CLI's defaults."""
+
+    model: str = "bert"
+    params: dict[str, Any] = field(default_factory=dict)
+    space: str = "default"
+    storage: str | None = None
+    study_name: str | None = None
+    trials: int | None = None  # the study's total; rerunning the command resumes towards it
+    timeout_s: float | None = None  # wall time of this invocation
+    memory_limit: str | None = None
+    out_dir: Path | None = None
+    studies_dir: Path = Path("studies")
+    seed: int = 0
+    trial_timeout_s: float = 180.0
+    measure: dict[str, Any] = field(default_factory=dict)
+    address_space_bytes: int | None = None  # RLIMIT_AS for trial processes (tests)
+    hardware: Hardware | None = None  # detected when None
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """A finished trial as the reporters and the profile see it."""
+
+    number: int
+    config: Config
+    status: str
+    reason: str | None
+    samples_per_sec: float | None
+    spread_cv: float | None
+    peak_memory_bytes: int
+    breakdown: dict[str, float]
+    is_baseline: bool
+    wall_s: float
+    overhead_share: float | None
+    reused_from: int | None = None
+    tflops: float | None = None
+
+
+@dataclass
+class StartInfo:
+    study_name: str
+    storage: str
+    hardware: Hardware
+    space: NarrowedSpace
+    memory_limit_bytes: int
+    budget: str
+    done_before: int
+    out_dir: Path
+
+
+@dataclass
+class RunSummary:
+    study_name: str
+    storage: str
+    out_dir: Path
+    profile_path: Path | None
+    best: TrialView | None
+    baseline: TrialView | None
+    trials: list[TrialView]
+    wall_s: float
+    interrupted: bool = False
+    stop_reason: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best and self.baseline and self.baseline.samples_per_sec:
+            return (self.best.samples_per_sec or 0.0) / self.baseline.samples_per_sec
+        return None
+
+
+class Reporter(Protocol):
+    def started(self, info: StartInfo) -> None: ...
+    def trial_started(self, number: int, index: int, total: int | None, config: Config,
+                      is_baseline: bool, timeout_s: float) -> None: ...
+    def trial_event(self, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, view: TrialView, best: TrialView | None) -> None: ...
+    def finished(self, summary: RunSummary) -> None: ...
+
+
+class Interrupted(AutotuneError):
+    """Ctrl-C: the running trial was ended and recorded; the study is intact and resumable."""
+
+    exit_code = 130
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password, for printing and for the profile."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """An RDB storage with heartbeats; bad URLs and unreachable servers become one-line errors."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:":
+            with contextlib.suppress(OSError):
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+    except Exception as exc:  # sqlalchemy's ArgumentError, OperationalError, NoSuchModuleError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot open storage {redact(url)!r} ({type(exc).__name__}: "
+                           f"{first[:200]}); use sqlite:///path/to.db or "
+                           "postgresql://user@host:5432/db") from None
+
+
+def default_study_name(name: str, workload: WorkloadSpec, space_name: str, hw: Hardware) -> str:
+    blob = json.dumps({"spec": workload.spec, "params": workload.params,
+                       "fingerprint": hw.fingerprint()}, sort_keys=True, default=str)
+    return f"{name}-{space_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".autotune-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"output directory {path} is not writable ({exc.strerror}); "
+                         "pass --out DIR with a writable directory") from None
+
+
+def _view(t: FrozenTrial) -> TrialView:
+    a = t.user_attrs
+    m = a.get("measurement", {})
+    return TrialView(
+        number=t.number, config=Config.from_dict(a["config"]), status=a.get("status", "error"),
+        reason=a.get("reason"), samples_per_sec=m.get("samples_per_sec"),
+        spread_cv=m.get("spread_cv"), peak_memory_bytes=int(m.get("peak_memory_bytes", 0)),
+        breakdown=m.get("breakdown") or {}, is_baseline=bool(a.get("baseline")),
+        wall_s=float(m.get("wall_s", 0.0)), overhead_share=a.get("overhead_share"),
+        reused_from=a.get("reused_from"), tflops=m.get("tflops"))
+
+
+def recorded(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that ran to an outcome in this study (not waiting, running or interrupted)."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() and "status" in t.user_attrs
+            and not t.user_attrs.get("interrupted")]
+
+
+def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
+    """The fastest ok trial whose peak memory stayed within ``limit``."""
+    ok = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
+          and t.user_attrs["measurement"]["peak_memory_bytes"] <= limit]
+    return max(ok, key=lambda t: t.user_attrs["measurement"]["samples_per_sec"], default=None)
+
+
+def pick_baseline(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    base = [t for t in trials
+            if t.user_attrs.get("baseline") and t.user_attrs.get("status") == "ok"]
+    return base[-1] if base else None
+
+
+class Runner:
+    """One ``autotune run``: set-up, the trial loop, export."""
+
+    def __init__(self, opts: RunOptions, reporter: Reporter) -> None:
+        self.opts, self.reporter = opts, reporter
+        if opts.trials is not None and opts.trials < 1:
+            raise UsageError(f"--trials must be >= 1, got {opts.trials}")
+        if opts.timeout_s is not None and opts.timeout_s <= 0:
+            raise UsageError(f"--timeout must be positive, got {opts.timeout_s:g}s")
+        if opts.trials is None and opts.timeout_s is None:
+            opts.timeout_s = DEFAULT_TIMEOUT_S
+        self.hw = opts.hardware or detect()
+        self.workload_spec = WorkloadSpec(opts.model, dict(opts.params))
+        workload = resolve(opts.model, opts.params)
+        self.workload_name = str(getattr(workload, "name", self.workload_spec.name))
+        self.baseline = Config(micro_batch_size=workload.default_micro_batch)
+        self.space = narrow(load_space(opts.space), self.hw, 1, self.baseline)
+        self.limit = memory_limit(opts.memory_limit, self.hw)
+        self.storage_url = opts.storage or f"sqlite:///{opts.studies_dir}/autotune.db"
+        self.study_name = opts.study_name or default_study_name(
+            self.workload_name, self.workload_spec, self.space.name, self.hw)
+        self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
+        _check_writable(self.out_dir)
+        self.storage = open_storage(self.storage_url)
+        self.study = self._open_study()
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _open_study(self) -> optuna.Study:
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name, storage=self.storage, direction="maximize",
+                sampler=self._sampler(0), load_if_exists=True)
+        except Exception as exc:
+            raise StorageError(f"cannot create or load study {self.study_name!r} in "
+                               f"{redact(self.storage_url)}: {exc}") from None
+        attrs = study.user_attrs
+        fingerprint = self.hw.fingerprint()
+        if "fingerprint" in attrs:
+            diff = fingerprint_diff(attrs["fingerprint"], fingerprint)
+            if diff:
+                raise UsageError(f"study {self.study_name} was measured on other hardware "
+                                 f"({'; '.join(diff)}); measurements are not comparable: "
+                                 "pass another --study name")
+            stored = attrs.get("workload") or {}
+            if (stored.get("spec"), stored.get("params")) != (self.workload_spec.spec,
+                                                              self.workload_spec.params):
+                raise UsageError(f"study {self.study_name} tunes workload {attrs.get('workload')}, "
+                                 "not this one; pass another --study name")
+        else:
+            for key, value in {
+                "fingerprint": fingerprint, "hardware": self.hw.to_dict(),
+                "workload": {"name": self.workload_name, "spec": self.workload_spec.spec,
+                             "params": self.workload_spec.params},
+                "space": self.space.to_dict(), "baseline": self.baseline.to_dict(),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            }.items():
+                study.set_user_attr(key, value)
+        study.set_user_attr("memory_limit_bytes", self.limit)
+        # Reseed on resume so the random start-up trials do not repeat the first run's.
+        study.sampler = self._sampler(len(study.get_trials(deepcopy=False)))
+        return study
+
+    def _sampler(self, offset: int) -> optuna.samplers.BaseSampler:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=self.opts.seed + offset, multivariate=True, group=True,
+                n_startup_trials=TPE_STARTUP_TRIALS)
+
+    def _recover_dead_trials(self) -> None:
+        """Fail and retry RUNNING trials whose tuner process on this host is gone."""
+        host = socket.gethostname()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=2)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.user_attrs.get("worker") or {}
+            if owner.get("host") != host or _alive(owner.get("pid"), owner.get("started")):
+                continue
+            # A finished trial's attributes are frozen: mark it first, then fail it, then retry.
+            self.storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            self.storage.set_trial_user_attr(t._trial_id, "reason", "its tuner process died")
+            if self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                retry(self.study, self.storage.get_trial(t._trial_id))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # other hosts: by heartbeat
+
+    def _enqueue_baseline(self) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        pending = any(t.user_attrs.get("baseline") and t.state in
+                      (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+        if pick_baseline(trials) is None and not pending:
+            self.study.enqueue_trial(self.space.params_for(self.baseline),
+                                     user_attrs={"baseline": True})
+
+    def budget_text(self) -> str:
+        o = self.opts
+        parts = []
+        if o.trials is not None:
+            parts.append(f"{o.trials} trials in the study")
+        if o.timeout_s is not None:
+            parts.append(f"{_duration(o.timeout_s)} of wall time")
+        measuring = float(o.measure.get("max_seconds", 60.0))
+        return (" or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+                + f"; each trial measures for at most {measuring:.0f}s and is killed at "
+                f"{o.trial_timeout_s:.0f}s")
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> RunSummary:
+        start = time.monotonic()
+        self._recover_dead_trials()
+        self._enqueue_baseline()
+        done_before = len(recorded(self.study))
+        self.reporter.started(StartInfo(
+            self.study_name, redact(self.storage_url), self.hw, self.space, self.limit,
+            self.budget_text(), done_before, self.out_dir))
+        deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
+        interrupted, stop_reason, index = False, "", 0
+        while True:
+            done = len(recorded(self.study))
+            if self.opts.trials is not None and done >= self.opts.trials:
+                stop_reason = f"reached {self.opts.trials} trials"
+                break
+            remaining = deadline - time.monotonic() if deadline else None
+            if remaining is not None and remaining < 5:
+                stop_reason = f"time budget of {_duration(self.opts.timeout_s or 0)} spent"
+                break
+            index += 1
+            try:
+                self._one_trial(index, remaining)
+            except KeyboardInterrupt:
+                interrupted, stop_reason = True, "interrupted"
+                break
+        summary = self._summary(time.monotonic() - start, interrupted, stop_reason)
+        self.reporter.finished(summary)
+        if interrupted:
+            raise Interrupted(f"interrupted; study {self.study_name} is saved in "
+                              f"{redact(self.storage_url)}: run the same command to resume")
+        return summary
+
+    def _one_trial(self, index: int, remaining: float | None) -> None:
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for optimize(); we run the heartbeat
+            # thread ourselves around each trial (see _measure).
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        told = False
+        try:
+            if trial.user_attrs.get("interrupted"):
+                # A retry of a trial whose tuner died: Optuna copied the old trial's attributes.
+                trial.set_user_attr("interrupted", False)
+                frozen = self.storage.get_trial(trial._trial_id)
+                trial.set_user_attr("retry_of",
+                                    RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen))
+            config = self.space.suggest(trial, self.baseline)
+            is_baseline = bool(trial.user_attrs.get("baseline"))
+            trial.set_user_attr("config", config.to_dict())
+            trial.set_user_attr("worker", _worker())
+            done = len(recorded(self.study))
+            timeout = self.opts.trial_timeout_s if remaining is None else \
+                max(1.0, min(self.opts.trial_timeout_s, remaining))
+            self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,
+                                        is_baseline, timeout)
+            twin = None if is_baseline else self._measured_twin(config)
+            if twin is not None:
+                m = Measurement(**{**twin.user_attrs["measurement"], "stderr_tail": ""})
+                trial.set_user_attr("reused_from", twin.number)
+            else:
+                m = self._measure(trial, config, timeout)
+            self._record(trial, config, m)
+            told = True
+            if m.reason == "interrupted by the user":
+                raise KeyboardInterrupt
+            self._export()
+            trials = recorded(self.study)
+            best = pick_best(trials, self.limit)
+            self.reporter.trial_finished(
+                _view(self.study._storage.get_trial(trial._trial_id)),
+                _view(best) if best else None)
+        finally:
+            if not told:
+                with contextlib.suppress(Exception):
+                    trial.set_user_attr("interrupted", True)
+                    self.study.tell(trial, state=TrialState.FAIL)
+
+    def _measured_twin(self, config: Config) -> FrozenTrial | None:
+        """An earlier ok trial of exactly this config: its measurement is reused, not re-run."""
+        for t in recorded(self.study):
+            if t.user_attrs.get("status") == "ok" and t.user_attrs.get("reused_from") is None \
+                    and t.user_attrs.get("config") == config.to_dict():
+                return t
+        return None
+
+    def _measure(self, trial: optuna.Trial, config: Config, timeout: float) -> Measurement:
+        workdir = self.out_dir / "trials" / f"{trial.number:04d}"
+        p = launch.plan(
+            workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
+            config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
+            measure=self.opts.measure, memory_limit_bytes=self.limit,
+            address_space_bytes=self.opts.address_space_bytes)
+        from optuna.storages._heartbeat import get_heartbeat_thread
+
+        with get_heartbeat_thread(trial._trial_id, self.study._storage):
+            raw = launch.execute(p, on_event=self.reporter.trial_event)
+        return classify(raw, self.hw.device)
+
+    def _record(self, trial: optuna.Trial, config: Config, m: Measurement) -> None:
+        data = m.to_dict()
+        if m.ok:
+            data["stderr_tail"] = ""  # keep the storage small; failures keep theirs
+        trial.set_user_attr("status", m.status)
+        trial.set_user_attr("reason", m.reason)
+        trial.set_user_attr("measurement", data)
+        trial.set_user_attr("memory_limit_bytes", self.limit)
+        trial.set_user_attr("overhead_share", m.overhead_share())
+        if m.reason == "interrupted by the user":
+            trial.set_user_attr("interrupted", True)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        if m.status in ("ok", "oom"):
+            # <= 0 is feasible. An OOM is infeasible whatever peak was sampled before it died.
+            over = float(m.peak_memory_bytes - self.limit)
+            trial.set_constraint("memory", over if m.ok else max(over, 1.0))
+        if m.ok:
+            for i, w in enumerate(m.windows):
+                trial.report(w["samples"] / w["seconds"], i)
+            self.study.tell(trial, m.samples_per_sec)
+        elif m.status == "oom":
+            self.study.tell(trial, 0.0)
+        elif m.status == "timeout":
+            # Too slow to measure: pruned, with the rough rate as the sampler's only hint.
+            if m.rough_samples_per_sec:
+                trial.report(m.rough_samples_per_sec, 0)
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    # -- results --------------------------------------------------------------------------------
+
+    def _export(self) -> Path | None:
+        trials = recorded(self.study)
+        best = pick_best(trials, self.limit)
+        if best is None:
+            return None
+        profile = build_profile(self.study, best, pick_baseline(trials), trials, self.limit,
+                                redact(self.storage_url))
+        return profile.save(self.out_dir / "profile.yaml")
+
+    def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
+        trials = recorded(self.study)
+        best, base = pick_best(trials, self.limit), pick_baseline(trials)
+        path = self._export()
+        return RunSummary(self.study_name, redact(self.storage_url), self.out_dir, path,
+                          _view(best) if best else None, _view(base) if base else None,
+                          [_view(t) for t in trials], wall_s, interrupted, stop_reason)
+
+
+def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial | None,
+                  trials: list[FrozenTrial], limit: int, storage: str) -> Profile:
+    m = best.user_attrs["measurement"]
+    config = Config.from_dict(best.user_attrs["config"])
+    result = {
+        "samples_per_sec": round(m["samples_per_sec"], 4), "spread_cv": round(m["spread_cv"], 4),
+        "windows": len(m["windows"]), "step_time_s": m.get("step_time_s"),
+        "peak_memory_bytes": m["peak_memory_bytes"], "memory_limit_bytes": limit,
+        "breakdown": {k: round(v, 4) for k, v in (m.get("breakdown") or {}).items()},
+        "tflops": round(m["tflops"], 4) if m.get("tflops") else None,
+        "trial": best.user_attrs.get("reused_from", best.number),
+    }
+    base_block: dict[str, Any] = {"config": None, "samples_per_sec": None}
+    speedup = None
+    notes = []
+    if baseline is not None:
+        bm = baseline.user_attrs["measurement"]
+        base_config = Config.from_dict(baseline.user_attrs["config"])
+        base_block = {"config": base_config.to_dict(),
+                      "samples_per_sec": round(bm["samples_per_sec"], 4),
+                      "spread_cv": round(bm["spread_cv"], 4),
+                      "peak_memory_bytes": bm["peak_memory_bytes"], "trial": baseline.number}
+        speedup = round(m["samples_per_sec"] / bm["samples_per_sec"], 3)
+        if config.samples_per_step != base_config.samples_per_step:
+            notes.append(f"effective batch changed from {base_config.samples_per_step} to "
+                         f"{config.samples_per_step} samples per optimizer step; scale the "
+                         "learning rate and schedule accordingly")
+    else:
+        notes.append("the baseline has not been measured yet: no speedup is claimed")
+    return Profile(
+        workload=dict(study.user_attrs["workload"]),
+        config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,
+        fingerprint=study.user_attrs["fingerprint"],
+        provenance={"study": study.study_name, "storage": storage, "trials": len(trials),
+                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},
+        notes=notes)
+
+
+def _worker() -> dict[str, Any]:
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": psutil.Process().create_time()}
+
+
+def _alive(pid: Any, started: Any) -> bool:
+    import psutil
+
+    if not isinstance(pid, int):
+        return True  # unknown owner: leave it to the heartbeat
+    try:
+        return abs(psutil.Process(pid).create_time() - float(started)) < 1.0
+    except (psutil.Error, TypeError, ValueError):
+        return False
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def run(opts: RunOptions, reporter: Reporter) -> RunSummary:
+    """Run (or resume) a study and export its profile; see ``RunOptions`` for the knobs."""
+    return Runner(opts, reporter).run()
+
+

@@ -1,0 +1,77 @@
+"""gpt2: GPT-2 small causal-LM training (124M, random init, no download; seq_len 128)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from autotune.synthetic import make_vocab, sentence_words, whole_words, wordpiece_tokenizer
+
+
+class PackedTextDataset(torch.utils.data.Dataset):
+    """Generated text tokenised per sample and cut to exactly seq_len tokens (no padding)."""
+
+    def __init__(self, vocab: list[str], seq_len: int, length: int, seed: int) -> None:
+        self.vocab, self.seq_len, self.length, self.seed = vocab, seq_len, length, seed
+        self.words = whole_words(vocab)
+        self.tokenizer: Any = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if self.tokenizer is None:
+            self.tokenizer = wordpiece_tokenizer(self.vocab)
+        rng = random.Random(self.seed * 1_000_003 + index)
+        ids: list[int] = []
+        while len(ids) < self.seq_len:  # keep generating until the window is full, as packing does
+            ids += self.tokenizer.encode(sentence_words(self.words, self.seq_len, rng)).ids
+        input_ids = torch.tensor(ids[: self.seq_len], dtype=torch.long)
+        return {"input_ids": input_ids, "labels": input_ids.clone()}  # the model shifts labels
+
+
+@dataclass
+class GPT2:
+    seq_len: int = 128
+    size: str = "small"
+    name: str = "gpt2"
+    default_micro_batch: int = 8
+    _config: Any = field(default=None, repr=False)
+
+    def config(self) -> Any:
+        from transformers import GPT2Config
+
+        if self._config is None:
+            kw = {} if self.size == "small" else dict(n_embd=128, n_layer=2, n_head=2)
+            self._config = GPT2Config(n_positions=max(1024, self.seq_len), **kw)
+        return self._config
+
+    def build_model(self) -> torch.nn.Module:
+        from transformers import GPT2LMHeadModel
+
+        return GPT2LMHeadModel(self.config())
+
+    def build_dataset(self) -> torch.utils.data.Dataset:
+        return PackedTextDataset(make_vocab(self.config().vocab_size), self.seq_len, 100_000, 0)
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(**batch).loss
+
+    def flops_per_sample(self) -> float:
+        c = self.config()
+        params = c.n_layer * 12 * c.n_embd**2 + c.vocab_size * c.n_embd
+        return 6.0 * params * self.seq_len + 12.0 * c.n_layer * self.seq_len**2 * c.n_embd
+
+
+def build(seq_len: int = 128, size: str = "small") -> GPT2:
+    if seq_len < 8:
+        raise ValueError(f"seq_len must be >= 8, got {seq_len}")
+    if size not in ("small", "tiny"):
+        raise ValueError(f"size must be 'small' or 'tiny', got {size!r}")
+    return GPT2(seq_len=seq_len, size=size)

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Short windows keep a tiny-workload trial around two seconds, most of it process start-up.
+FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s"]
+
+
+def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a real subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

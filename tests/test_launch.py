@@ -1,0 +1,128 @@
+"""The launcher with real trial processes: timeouts, crashes, OOM, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from autotune.knobs import Config
+from autotune.launch import execute, plan
+from autotune.measurement import check_result, classify
+
+FAST = {"min_window_s": 0.05, "max_seconds": 5}
+
+
+def test_plan_is_pure_data(tmp_path: Path) -> None:
+    config = Config(nccl_algo="Ring", world_size=2, num_workers=2, prefetch_factor=4)
+    p = plan(workload={"spec": "mlp", "params": {"hidden": 8}}, config=config, device="cuda",
+             workdir=tmp_path / "t", timeout_s=30, measure=FAST, memory_limit_bytes=10**9)
+    assert not (tmp_path / "t").exists()  # planning starts and writes nothing
+    assert p.argv[:3] == (sys.executable, "-m", "autotune.bench")
+    assert p.env["NCCL_ALGO"] == "Ring" and p.env["TOKENIZERS_PARALLELISM"] == "false"
+    assert p.spec["config"] == config.to_dict() and p.spec["workload"]["params"] == {"hidden": 8}
+    assert p.memory_limit_bytes is None  # on CUDA the allocator enforces the limit in the trial
+    assert p.spec["memory_limit_bytes"] == 10**9
+    cpu = plan(workload={"spec": "mlp"}, config=Config(), device="cpu", workdir=tmp_path,
+               timeout_s=30, memory_limit_bytes=10**9)
+    assert cpu.memory_limit_bytes == 10**9 and "NCCL_ALGO" not in cpu.env
+
+
+def _run(tmp_path: Path, spec: str, timeout: float = 60, config: Config | None = None,
+         **kw: object):
+    p = plan(workload={"spec": spec, "params": kw.pop("params", {})}, config=config or Config(
+        micro_batch_size=4), device="cpu", workdir=tmp_path, timeout_s=timeout, measure=FAST,
+        **kw)  # type: ignore[arg-type]
+    return execute(p)
+
+
+def test_mlp_trial_reports_a_valid_result(tmp_path: Path) -> None:
+    events: list[dict] = []
+    p = plan(workload={"spec": "mlp", "params": {}}, config=Config(micro_batch_size=32),
+             device="cpu", workdir=tmp_path, timeout_s=60, measure=FAST)
+    raw = execute(p, on_event=events.append)
+    assert raw.returncode == 0 and check_result(raw.result) == []
+    m = classify(raw)
+    assert m.ok and m.samples_per_sec and m.samples_per_sec > 0
+    assert len(m.windows) >= 3 and m.warmup["steps"] >= 2
+    assert m.peak_memory_bytes > 50 * 2**20  # a torch process: tens of MiB at least
+    assert {"built", "warmup_step", "window"} <= {e["event"] for e in events}
+
+
+def test_a_hanging_trial_is_killed_at_its_timeout_with_no_child_left(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    p = plan(workload={"spec": "autotune.testing.workloads:hang", "params": {}}, config=Config(),
+             device="cpu", workdir=tmp_path, timeout_s=6, measure=FAST,
+             extra_env={"AUTOTUNE_TEST_CHILD_PID_FILE": str(pid_file)})
+    start = time.monotonic()
+    raw = execute(p)
+    assert 6 <= time.monotonic() - start < 15
+    m = classify(raw)
+    assert m.status == "timeout" and "killed at the 6s trial timeout" in (m.reason or "")
+    child = int(pid_file.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    leftovers = [q for q in psutil.process_iter(["cmdline"])
+                 if str(p.spec_path) in " ".join(q.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_a_crash_is_an_error_with_its_reason(tmp_path: Path) -> None:
+    m = classify(_run(tmp_path, "autotune.testing.workloads:crash"))
+    assert m.status == "error"
+    assert m.reason == "ValueError: this workload always fails in its training step"
+    assert "Traceback" in m.stderr_tail
+
+
+def test_a_segfault_is_an_error_naming_the_signal(tmp_path: Path) -> None:
+    raw = _run(tmp_path, "autotune.testing.workloads:crash", params={"how": "segfault"})
+    m = classify(raw)
+    assert m.status == "error" and "SIGSEGV" in (m.reason or "")
+
+
+def test_exceeding_an_address_space_limit_is_a_real_oom(tmp_path: Path) -> None:
+    # 2 GiB per sample x 4 samples cannot fit in a 6 GiB address space: the allocator fails.
+    raw = _run(tmp_path, "autotune.testing.workloads:memhog", params={"mib_per_sample": 2048},
+               address_space_bytes=6 * 2**30)
+    m = classify(raw)
+    assert m.status == "oom", (m.reason, raw.stderr_tail[-500:])
+    assert "can't allocate memory" in (m.reason or "")
+
+
+def test_passing_the_memory_limit_ends_the_trial_as_oom(tmp_path: Path) -> None:
+    raw = _run(tmp_path, "autotune.testing.workloads:memhog", params={"mib_per_sample": 256},
+               memory_limit_bytes=600 * 2**20)  # 4 x 256 MiB = 1 GiB held
+    m = classify(raw)
+    assert raw.killed_for_memory and m.status == "oom"
+    assert m.peak_memory_bytes > 600 * 2**20
+
+
+def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG and the trial's parent watch: a killed tuner leaves no trial running."""
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import sys; from pathlib import Path; from autotune.knobs import Config;"
+        "from autotune.launch import plan, execute;"
+        f"p = plan(workload={{'spec': 'autotune.testing.workloads:hang'}}, config=Config(),"
+        f" device='cpu', workdir=Path({str(tmp_path)!r}), timeout_s=120,"
+        f" extra_env={{'AUTOTUNE_TEST_CHILD_PID_FILE': {str(pid_file)!r}}}); execute(p)"
+    )
+    import subprocess
+
+    tuner = subprocess.Popen([sys.executable, "-c", code],
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists()
+    trial = psutil.Process(tuner.pid).children()
+    assert trial
+    tuner.kill()
+    tuner.wait()
+    gone, alive = psutil.wait_procs(trial, timeout=10)
+    assert not alive
+    child = int(pid_file.read_text())
+    time.sleep(1.5)  # the grandchild's group is killed by the trial's parent watch
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from autotune.measurement import RESULT_SCHEMA, RawResult, check_result, classify, median_and_cv
+
+
+def ok_doc(**extra: Any) -> dict[str, Any]:
+    return {"schema": RESULT_SCHEMA, "status": "ok", "peak_memory_bytes": 1000,
+            "windows": [{"samples": 100, "seconds": 1.0, "data_wait_s": 0.25},
+                        {"samples": 100, "seconds": 0.5, "data_wait_s": 0.0},
+                        {"samples": 100, "seconds": 0.8, "data_wait_s": 0.1}],
+            "timings": {"measure_s": 2.3}, "flops_per_sample": 1e9, **extra}
+
+
+def raw(**kw: Any) -> RawResult:
+    base: dict[str, Any] = dict(returncode=0, timed_out=False, result=None, stderr_tail="",
+                                wall_s=10.0, timeout_s=30.0)
+    return RawResult(**{**base, **kw})
+
+
+def test_median_and_cv() -> None:
+    assert median_and_cv([2.0]) == (2.0, 0.0)
+    med, cv = median_and_cv([1.0, 2.0, 3.0])
+    assert med == 2.0 and cv == pytest.approx(0.5)
+
+
+def test_ok_uses_the_median_window_and_splits_step_time() -> None:
+    m = classify(raw(result=ok_doc(), tree_peak_bytes=5000))
+    assert m.status == "ok" and m.reason is None
+    assert m.samples_per_sec == pytest.approx(125.0)  # rates 100, 200, 125
+    assert m.breakdown["data_wait"] == pytest.approx(0.35 / 2.3)
+    assert m.peak_memory_bytes == 5000  # on CPU the process tree's peak counts
+    assert m.tflops == pytest.approx(125.0 * 1e9 / 1e12)
+    assert m.overhead_share() == pytest.approx(1 - 2.3 / 10.0)
+
+
+def test_cuda_peak_is_the_device_figure_not_host_rss() -> None:
+    assert classify(raw(result=ok_doc(), tree_peak_bytes=5000), "cuda").peak_memory_bytes == 1000
+
+
+@pytest.mark.parametrize(("kw", "status", "reason"), [
+    (dict(interrupted=True, returncode=-9), "error", "interrupted by the user"),
+    (dict(killed_for_memory=True, returncode=-9, tree_peak_bytes=3 * 2**30), "oom",
+     "passed the memory limit at 3.00 GiB"),
+    (dict(timed_out=True, returncode=-9), "timeout", "killed at the 30s trial timeout"),
+    (dict(returncode=1, stderr_tail="Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. "
+          "Tried to allocate 2.00 GiB"), "oom", "CUDA out of memory"),
+    (dict(returncode=1, stderr_tail="RuntimeError: [enforce fail at alloc_cpu.cpp:117] "
+          "DefaultCPUAllocator: can't allocate memory"), "oom", "can't allocate memory"),
+    (dict(returncode=-9), "oom", "OOM killer"),
+    (dict(returncode=-11), "error", "SIGSEGV"),
+    (dict(returncode=3, stderr_tail="boom\nValueError: bad thing\n"), "error",
+     "exited with code 3 and no result: ValueError: bad thing"),
+    (dict(result={"schema": "other"}), "error", "bad trial result"),
+    (dict(result=ok_doc(windows=[])), "error", "at least one timed window"),
+    (dict(result={"schema": RESULT_SCHEMA, "status": "oom", "reason": "OutOfMemoryError: x",
+                  "peak_memory_bytes": 7}), "oom", "OutOfMemoryError: x"),
+])
+def test_outcomes(kw: dict[str, Any], status: str, reason: str) -> None:
+    m = classify(raw(**kw))
+    assert m.status == status
+    assert reason in (m.reason or "")
+
+
+def test_timeout_keeps_partial_windows_as_a_rough_hint_only() -> None:
+    m = classify(raw(timed_out=True, returncode=-9,
+                     partial_windows=[{"samples": 10, "seconds": 2.0, "data_wait_s": 0.0}]))
+    assert m.status == "timeout" and m.samples_per_sec is None
+    assert m.rough_samples_per_sec == pytest.approx(5.0)
+    assert "after 1 window(s) at 5.00 samples/s" in (m.reason or "")
+
+
+def test_self_reported_too_slow_trial() -> None:
+    doc = {"schema": RESULT_SCHEMA, "status": "timeout", "reason": "one optimizer step takes 90s",
+           "first_step_samples_per_sec": 0.5, "peak_memory_bytes": 1}
+    m = classify(raw(result=doc))
+    assert m.status == "timeout" and m.rough_samples_per_sec == 0.5
+
+
+def test_check_result_names_each_problem() -> None:
+    problems = check_result({"schema": "x", "status": "maybe", "peak_memory_bytes": 1.5})
+    assert len(problems) == 3
+    assert check_result(ok_doc()) == []

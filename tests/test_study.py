@@ -1,0 +1,215 @@
+"""Whole studies with real trial processes and real storage (SQLite; PostgreSQL below)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune.profile import load_profile
+from autotune.study import Runner, RunOptions, recorded
+from tests.conftest import FAST, ROOT, autotune
+
+DB = "sqlite:///study.db"
+
+
+def load(url: str, name: str | None = None) -> optuna.Study:
+    names = optuna.get_all_study_names(url)
+    return optuna.load_study(study_name=name or names[0], storage=url)
+
+
+class Quiet:
+    def started(self, info): ...
+    def trial_started(self, *args): ...
+    def trial_event(self, event): ...
+    def trial_finished(self, view, best): ...
+    def finished(self, summary): ...
+
+
+def test_small_study_end_to_end(workdir: Path) -> None:
+    result = autotune("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST,
+                      cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "budget       5 trials in the study" in out and "(baseline)" in out
+    assert "speedup over the baseline" in out
+    study = load(DB)
+    trials = recorded(study)
+    assert len(trials) == 5
+    base = trials[0]
+    assert base.user_attrs["baseline"] and base.user_attrs["status"] == "ok"
+    assert base.params["micro_batch_size"] == 32 and base.params["amp"] == "off"
+    assert base.params["num_workers"] == 0 and base.constraints["memory"] == pytest.approx(
+        base.user_attrs["measurement"]["peak_memory_bytes"] - study.user_attrs[
+            "memory_limit_bytes"])
+    assert len(base.intermediate_values) >= 3  # each window's throughput
+    profile = load_profile(workdir / "studies" / study.study_name / "profile.yaml")
+    best = max((t for t in trials if t.user_attrs["status"] == "ok"), key=lambda t: t.value)
+    assert profile.samples_per_sec == pytest.approx(best.value, rel=1e-3)
+    assert profile.speedup == pytest.approx(best.value / base.value, rel=1e-2)
+    assert profile.baseline["samples_per_sec"] == pytest.approx(base.value, rel=1e-3)
+    assert profile.provenance["trials"] == 5 and profile.provenance["study"] == study.study_name
+    assert study.user_attrs["space"]["fixed"]["pin_memory"]["reason"]
+    assert (workdir / "studies" / study.study_name / "trials" / "0000" / "result.json").exists()
+
+
+def test_same_command_again_resumes_and_adds_no_trial(workdir: Path) -> None:
+    args = ("run", "--model", "mlp", "--trials", "2", "--storage", DB, *FAST)
+    assert autotune(*args, cwd=workdir).returncode == 0
+    again = autotune(*args, cwd=workdir)
+    assert again.returncode == 0 and "resuming     2 trial(s) already measured" in again.stdout
+    assert len(recorded(load(DB))) == 2
+
+
+def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir: Path) -> None:
+    # memhog holds 16 MiB per sample: batch 4 stays ~0.4 GiB, batch 64 passes 1 GiB.
+    (workdir / "space.yaml").write_text(
+        "# autotune run --model autotune.testing.workloads:memhog --space space.yaml\n"
+        "knobs:\n  micro_batch_size: {choices: [64]}\n")
+    result = autotune("run", "--model", "autotune.testing.workloads:memhog", "--param",
+                      "mib_per_sample=16", "--space", "space.yaml", "--trials", "2",
+                      "--memory-limit", "700MiB", "--storage", DB, *FAST, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    trials = recorded(load(DB))
+    by_batch = {t.params["micro_batch_size"]: t for t in trials}
+    assert set(by_batch) == {4, 64}
+    oom = by_batch[64]
+    assert oom.user_attrs["status"] == "oom" and oom.constraints["memory"] > 0
+    assert oom.user_attrs["measurement"]["peak_memory_bytes"] > 700 * 2**20
+    assert by_batch[4].user_attrs["status"] == "ok" and by_batch[4].constraints["memory"] <= 0
+    assert "oom: process tree passed the memory limit" in result.stdout
+
+
+def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Path) -> None:
+    (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [64]}\n")
+    opts = RunOptions(model="autotune.testing.workloads:memhog",
+                      params={"mib_per_sample": 256}, space="space.yaml", trials=2,
+                      storage=DB, measure={"min_window_s": 0.05, "max_seconds": 5},
+                      address_space_bytes=8 * 2**30)  # batch 64 x 256 MiB cannot be mapped
+    summary = Runner(opts, Quiet()).run()
+    statuses = {t.config.micro_batch_size: (t.status, t.reason) for t in summary.trials}
+    assert statuses[4][0] == "ok"
+    assert statuses[64][0] == "oom" and "can't allocate memory" in statuses[64][1]
+    assert summary.best is not None and summary.best.config.micro_batch_size == 4
+
+
+def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
+    start = time.monotonic()
+    # Each step sleeps 3 s: warm-up and three windows need well over the 8 s budget.
+    result = autotune("run", "--model", "autotune.testing.workloads:slow", "--timeout", "8s",
+                      "--param", "step_s=3",
+                      "--trial-seconds", "60", "--storage", DB, cwd=workdir)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1  # nothing could be measured in time: no profile
+    assert "time budget of 8s spent" in result.stdout
+    assert "no configuration has been measured successfully" in result.stdout
+    assert elapsed < 8 + 10  # process start-up and the final export on top of the budget
+    (trial,) = recorded(load(DB))
+    assert trial.state == TrialState.PRUNED and trial.user_attrs["status"] == "timeout"
+
+
+def _wait_for(predicate, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+def _start(workdir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=workdir, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _running_after(n: int):
+    def check() -> bool:
+        try:
+            study = load(DB)
+        except Exception:
+            return False
+        trials = study.get_trials(deepcopy=False)
+        return len(recorded(study)) >= n and any(t.state == TrialState.RUNNING for t in trials)
+
+    return check
+
+
+def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
+    args = ("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST)
+    tuner = _start(workdir, *args)
+    _wait_for(_running_after(2))
+    before = {t.number: t.value for t in recorded(load(DB))}
+    trial_procs = psutil.Process(tuner.pid).children(recursive=True)
+    tuner.send_signal(signal.SIGKILL)
+    tuner.communicate()
+    _, alive = psutil.wait_procs(trial_procs, timeout=10)
+    assert not alive  # the trial died with its tuner
+
+    result = autotune(*args, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    study = load(DB)
+    trials = recorded(study)
+    assert len(trials) == 5
+    after = {t.number: t.value for t in trials}
+    assert all(after[n] == v for n, v in before.items())  # earlier trials intact
+    killed = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert len(killed) == 1 and killed[0].state == TrialState.FAIL
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed[0].number]
+    assert retried and retried[0].params == killed[0].params
+    assert not any(t.state == TrialState.RUNNING for t in study.trials)
+
+
+def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
+    args = ("run", "--model", "mlp", "--trials", "20", "--storage", DB, *FAST)
+    tuner = _start(workdir, *args)
+    _wait_for(_running_after(2))
+    tuner.send_signal(signal.SIGINT)
+    out, err = tuner.communicate(timeout=60)
+    assert tuner.returncode == 130, err
+    assert "interrupted; study" in err and "run the same command to resume" in err
+    study = load(DB)
+    assert not any(t.state == TrialState.RUNNING for t in study.trials)
+    assert len(recorded(study)) >= 2
+    assert (workdir / "studies" / study.study_name / "profile.yaml").exists()
+
+
+def _postgres_url() -> str:
+    return os.environ.get("AUTOTUNE_TEST_POSTGRES_URL",
+                          "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+
+
+@pytest.mark.postgres
+def test_small_study_on_postgresql(workdir: Path) -> None:
+    url = _postgres_url()
+    try:
+        import sqlalchemy
+
+        sqlalchemy.create_engine(url).connect().close()
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise AssertionError(f"CI must run the PostgreSQL test, but {url} fails: {exc}") \
+                from exc
+        pytest.skip(f"no PostgreSQL server answers at {url}")
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    try:
+        result = autotune("run", "--model", "mlp", "--trials", "4", "--storage", url,
+                          "--study", name, *FAST, cwd=workdir)
+        assert result.returncode == 0, result.stderr
+        trials = recorded(load(url, name))
+        assert len(trials) == 4 and trials[0].user_attrs["baseline"]
+        assert load_profile(workdir / "studies" / name / "profile.yaml").provenance["study"] == name
+        again = autotune("run", "--model", "mlp", "--trials", "5", "--storage", url,
+                         "--study", name, *FAST, cwd=workdir)
+        assert again.returncode == 0 and len(recorded(load(url, name))) == 5
+    finally:
+        optuna.delete_study(study_name=name, storage=url)
