@@ -121,11 +121,17 @@ def run(
     if trial_seconds <= 0 or window_seconds <= 0:
         raise UsageError(f"--trial-seconds and --window-seconds must be positive, got "
                          f"{trial_seconds:g} and {window_seconds:g}")
+    hard = parse_duration(trial_timeout, "--trial-timeout") or 180.0
+    if trial_seconds > hard * 2 / 3:
+        # Start-up, model build and the slow first step need room under the hard limit.
+        raise UsageError(f"--trial-seconds ({trial_seconds:g}s) must be at most 2/3 of "
+                         f"--trial-timeout ({hard:g}s); raise --trial-timeout to at least "
+                         f"{trial_seconds * 1.5:g}s")
     opts = RunOptions(
         model=model, params=parse_params(param or []), space=space, storage=storage,
         study_name=study, trials=trials, timeout_s=parse_duration(timeout, "--timeout"),
         memory_limit=memory_limit, out_dir=out, seed=seed,
-        trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout") or 180.0,
+        trial_timeout_s=hard,
         measure={"max_seconds": trial_seconds, "min_window_s": window_seconds})
     _sigterm_as_interrupt()
     summary = run_study(opts, ConsoleReporter())

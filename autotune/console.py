@@ -12,7 +12,8 @@ from rich.table import Table
 
 from autotune.hardware import format_bytes
 from autotune.knobs import Config
-from autotune.study import RunSummary, StartInfo, TrialView
+from autotune.results import TrialView
+from autotune.study import RunSummary, StartInfo
 
 
 def short(config: Config) -> str:
@@ -35,6 +36,11 @@ def _rate(value: float | None, cv: float | None = None) -> str:
     return f"{value:,.2f} samples/s" + (f" ±{cv * 100:.1f}%" if cv is not None else "")
 
 
+def _minutes(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 class ConsoleReporter:
     """Rich progress in a terminal, plain lines elsewhere."""
 
@@ -48,15 +54,21 @@ class ConsoleReporter:
         self.progress: Progress | None = None
         self.task: TaskID | None = None
         self.total: int | None = None
-        self.start = time.monotonic()
+        self.start = self._trial_start = time.monotonic()
         self.timeout_s: float | None = None
         self.best: TrialView | None = None
         self.current = ""
+        self.trials_target: int | None = None
+        self.done = 0
+        self.durations: list[float] = []
 
     # -- Reporter protocol ----------------------------------------------------------------------
 
     def started(self, info: StartInfo) -> None:
         p = self.console.print
+        self.start = time.monotonic()
+        self.timeout_s, self.trials_target = info.timeout_s, info.trials
+        self.done = info.done_before
         p(f"autotune: study {info.study_name} in {info.storage}")
         p(f"  hardware     {info.hardware.describe()}")
         for note in info.hardware.notes:
@@ -82,11 +94,12 @@ class ConsoleReporter:
                       is_baseline: bool, timeout_s: float) -> None:
         label = " (baseline)" if is_baseline else ""
         self.current = f"trial {index}{'/' + str(total) if total else ''}{label}: {short(config)}"
+        self._trial_start = time.monotonic()
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, description=self.current, total=total,
-                                 status=self._best_text())
+                                 status=f"{self._best_text()} | {self._eta_text()}")
         else:
-            self.console.print(f"{self.current} ...")
+            self.console.print(f"{self.current} ... ({self._eta_text()})")
 
     def trial_event(self, event: dict[str, Any]) -> None:
         if self.progress is None or self.task is None:
@@ -100,10 +113,14 @@ class ConsoleReporter:
             status = f"window {event['index'] + 1}: {event['samples_per_sec']:,.2f} samples/s"
         else:
             return
-        self.progress.update(self.task, status=f"{status} | {self._best_text()}")
+        self.progress.update(self.task,
+                             status=f"{status} | {self._best_text()} | {self._eta_text()}")
 
     def trial_finished(self, view: TrialView, best: TrialView | None) -> None:
         self.best = best
+        self.done += 1
+        if view.reused_from is None:
+            self.durations.append(time.monotonic() - self._trial_start)
         tag = ""
         if view.is_baseline:
             tag = " baseline"
@@ -146,7 +163,7 @@ class ConsoleReporter:
                 continue
             b = view.breakdown
             table.add_row(name, short(view.config), f"{view.samples_per_sec:,.2f}",
-                          f"{(view.spread_cv or 0) * 100:.1f}%",
+                          "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
                           format_bytes(view.peak_memory_bytes),
                           f"{b.get('data_wait', 0) * 100:.0f}%",
                           f"{b.get('compute', 0) * 100:.0f}%")
@@ -154,6 +171,18 @@ class ConsoleReporter:
         if summary.speedup is not None:
             p(f"speedup over the baseline: {summary.speedup:.2f}x")
         p(f"profile: {summary.profile_path}")
+
+    def _eta_text(self) -> str:
+        """Elapsed, and the time left: the time budget, or the mean trial time x trials left."""
+        elapsed = time.monotonic() - self.start
+        left: list[float] = []
+        if self.timeout_s is not None:
+            left.append(max(0.0, self.timeout_s - elapsed))
+        if self.trials_target is not None and self.durations:
+            mean = sum(self.durations) / len(self.durations)
+            left.append(mean * max(0, self.trials_target - self.done))
+        text = f"elapsed {_minutes(elapsed)}"
+        return text + (f", ETA ~{_minutes(min(left))}" if left else "")
 
     def _best_text(self) -> str:
         if self.best is None:

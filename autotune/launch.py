@@ -9,10 +9,8 @@ tree's memory, tails the progress file, and always leaves no process behind.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -50,8 +48,11 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
          memory_limit_bytes: int | None = None, address_space_bytes: int | None = None,
          python: str = sys.executable, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
     """The trial launch as data: argv, environment and files. Starts nothing."""
+    # The trial applies the address-space limit and its tie to the tuner itself, first thing
+    # in bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
     spec = {"workload": dict(workload), "config": config.to_dict(), "device": device,
-            "measure": dict(measure or {}), "memory_limit_bytes": memory_limit_bytes}
+            "measure": dict(measure or {}), "memory_limit_bytes": memory_limit_bytes,
+            "address_space_bytes": address_space_bytes}
     env = {
         # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
         **env_for(config),
@@ -67,18 +68,6 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
                      progress_path=files["progress"], stderr_path=files["stderr"],
                      memory_limit_bytes=memory_limit_bytes if device == "cpu" else None,
                      address_space_bytes=address_space_bytes, device=device)
-
-
-def _preexec(address_space_bytes: int | None) -> Callable[[], None]:
-    def setup() -> None:
-        # Die with the tuner: Linux sends SIGTERM to this child when its parent exits, and the
-        # trial's handler then kills its whole process group (workers, ranks, their children).
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if address_space_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
-
-    return setup
 
 
 def tree_memory_bytes(pid: int) -> int:
@@ -131,7 +120,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     Path(p.spec_path).write_text(json.dumps(p.spec))
     for path in (p.result_path, p.progress_path):
         Path(path).unlink(missing_ok=True)
-    env = {**os.environ, **p.env}
+    env = {**os.environ, **p.env, "AUTOTUNE_TUNER_PID": str(os.getpid())}
     # The trial imports autotune from wherever the tuner did (source checkout or installed).
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, env.get("PYTHONPATH")) if x)
@@ -141,7 +130,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     seen = 0
     with open(p.stderr_path, "wb") as err:
         proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                start_new_session=True, preexec_fn=_preexec(p.address_space_bytes))
+                                start_new_session=True)
         try:
             next_sample = 0.0
             while proc.poll() is None:
@@ -163,7 +152,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         finally:
             _kill_group(proc.pid)  # the whole group: workers, ranks, anything they started
             proc.wait()
-            _reap_stragglers(proc.pid)
+            survivors = _reap_stragglers(proc.pid)
     if on_event is not None:
         _forward_events(p.progress_path, seen, on_event)
     result = None
@@ -171,6 +160,10 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         with contextlib.suppress(json.JSONDecodeError, OSError):
             result = json.loads(Path(p.result_path).read_text())
     data = Path(p.stderr_path).read_bytes()
+    if survivors:
+        # A process stuck in the kernel (a GPU driver call) ignores SIGKILL for a while: say so,
+        # since the next trial would share the device with it.
+        data += (f"\nautotune: processes {survivors} of this trial survived SIGKILL\n").encode()
     return RawResult(
         returncode=proc.returncode, timed_out=timed_out, result=result,
         stderr_tail=data[-STDERR_TAIL_BYTES:].decode(errors="replace"),
@@ -180,13 +173,15 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     )
 
 
-def _reap_stragglers(pgid: int) -> None:
-    """Wait (briefly) until no process of the trial's group is left."""
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        alive = [q for q in psutil.process_iter(["pid"]) if _pgid(q.pid) == pgid]
-        if not alive:
-            return
+def _reap_stragglers(pgid: int, wait_s: float = 30.0) -> list[int]:
+    """Wait until no live process of the trial's group is left; returns any that outlived
+    ``wait_s`` (zombies do not count: they hold no device and no memory)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [q.pid for q in psutil.process_iter(["pid", "status"])
+                 if q.info["status"] != psutil.STATUS_ZOMBIE and _pgid(q.pid) == pgid]
+        if not alive or time.monotonic() > deadline:
+            return alive
         _kill_group(pgid)
         time.sleep(0.05)
 
@@ -200,7 +195,8 @@ def _pgid(pid: int) -> int | None:
 
 def _forward_events(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:
     try:
-        lines = Path(path).read_text().splitlines()
+        # Only whole lines: the last one may still be being written.
+        lines = Path(path).read_text().split("\n")[:-1]
     except OSError:
         return seen
     for line in lines[seen:]:

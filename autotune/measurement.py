@@ -20,7 +20,8 @@ STATUSES = ("ok", "oom", "timeout", "error")
 # What allocators print when memory runs out: CUDA's caching allocator, the CPU allocator, Python.
 _OOM_PATTERNS = re.compile(
     r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory|"
-    r"\bMemoryError\b|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|out of memory",
+    r"\bMemoryError\b|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|out of memory|"
+    r"DataLoader worker \(pid.*killed by signal: Killed",
     re.IGNORECASE,
 )
 
@@ -126,13 +127,14 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def _from_windows(windows: list[dict[str, Any]]) -> tuple[float, float, dict[str, float]]:
+def _from_windows(windows: list[dict[str, Any]]) -> tuple[float, float | None, dict[str, float]]:
+    """Median rate, spread (None from a single window: unknown, not zero), breakdown."""
     rates = [w["samples"] / w["seconds"] for w in windows]
     med, cv = median_and_cv(rates)
     total = sum(w["seconds"] for w in windows)
     wait = sum(w.get("data_wait_s", 0.0) for w in windows)
     breakdown = {"data_wait": wait / total, "compute": 1.0 - wait / total} if total > 0 else {}
-    return med, cv, breakdown
+    return med, (cv if len(rates) > 1 else None), breakdown
 
 
 def classify(raw: RawResult, device: str = "cpu") -> Measurement:
@@ -142,7 +144,8 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     trial's own report; then what the exit code and stderr say about a process that died silently.
     """
     doc = raw.result
-    reported_peak = int(doc.get("peak_memory_bytes", 0)) if isinstance(doc, dict) else 0
+    reported = doc.get("peak_memory_bytes") if isinstance(doc, dict) else 0
+    reported_peak = reported if isinstance(reported, int) else 0
     # On CPU the process tree's sampled peak counts too (loader workers are separate processes);
     # on CUDA the device figure reported by the trial is the one the limit is about.
     peak = reported_peak if device == "cuda" else max(reported_peak, raw.tree_peak_bytes)

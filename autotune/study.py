@@ -10,25 +10,35 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import launch
 from autotune.errors import AutotuneError, StorageError, UsageError
-from autotune.hardware import Hardware, detect, memory_limit
-from autotune.knobs import Config, env_for
+from autotune.hardware import Hardware, detect, format_bytes, memory_limit
+from autotune.knobs import Config
 from autotune.measurement import Measurement, classify
-from autotune.profile import Profile, fingerprint_diff
+from autotune.profile import fingerprint_diff
+from autotune.results import (
+    TrialView,
+    build_profile,
+    pick_baseline,
+    pick_best,
+    recorded,
+    view,
+)
 from autotune.space import NarrowedSpace, load_space, narrow
 from autotune.workloads import WorkloadSpec, resolve
 
@@ -36,6 +46,7 @@ DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a
 HEARTBEAT_S = 10
 GRACE_S = 60
 TPE_STARTUP_TRIALS = 5
+MAX_TWINS_IN_A_ROW = 20
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -61,25 +72,6 @@ class RunOptions:
     hardware: Hardware | None = None  # detected when None
 
 
-@dataclass(frozen=True)
-class TrialView:
-    """A finished trial as the reporters and the profile see it."""
-
-    number: int
-    config: Config
-    status: str
-    reason: str | None
-    samples_per_sec: float | None
-    spread_cv: float | None
-    peak_memory_bytes: int
-    breakdown: dict[str, float]
-    is_baseline: bool
-    wall_s: float
-    overhead_share: float | None
-    reused_from: int | None = None
-    tflops: float | None = None
-
-
 @dataclass
 class StartInfo:
     study_name: str
@@ -90,6 +82,8 @@ class StartInfo:
     budget: str
     done_before: int
     out_dir: Path
+    trials: int | None = None  # the study's target, for the ETA
+    timeout_s: float | None = None
 
 
 @dataclass
@@ -156,10 +150,14 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                            "postgresql://user@host:5432/db") from None
 
 
-def default_study_name(name: str, workload: WorkloadSpec, space_name: str, hw: Hardware) -> str:
+def default_study_name(name: str, workload: WorkloadSpec, space: NarrowedSpace,
+                       hw: Hardware) -> str:
+    """``<workload>-<space>-<hash>``: the hash covers the params, the narrowed space and the
+    hardware, so editing a space file or moving machines starts a new study, never a mixed one."""
     blob = json.dumps({"spec": workload.spec, "params": workload.params,
-                       "fingerprint": hw.fingerprint()}, sort_keys=True, default=str)
-    return f"{name}-{space_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+                       "space": space.to_dict()["searched"], "fingerprint": hw.fingerprint()},
+                      sort_keys=True, default=str)
+    return f"{name}-{space.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 
 def _check_writable(path: Path) -> None:
@@ -171,38 +169,6 @@ def _check_writable(path: Path) -> None:
     except OSError as exc:
         raise UsageError(f"output directory {path} is not writable ({exc.strerror}); "
                          "pass --out DIR with a writable directory") from None
-
-
-def _view(t: FrozenTrial) -> TrialView:
-    a = t.user_attrs
-    m = a.get("measurement", {})
-    return TrialView(
-        number=t.number, config=Config.from_dict(a["config"]), status=a.get("status", "error"),
-        reason=a.get("reason"), samples_per_sec=m.get("samples_per_sec"),
-        spread_cv=m.get("spread_cv"), peak_memory_bytes=int(m.get("peak_memory_bytes", 0)),
-        breakdown=m.get("breakdown") or {}, is_baseline=bool(a.get("baseline")),
-        wall_s=float(m.get("wall_s", 0.0)), overhead_share=a.get("overhead_share"),
-        reused_from=a.get("reused_from"), tflops=m.get("tflops"))
-
-
-def recorded(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that ran to an outcome in this study (not waiting, running or interrupted)."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished() and "status" in t.user_attrs
-            and not t.user_attrs.get("interrupted")]
-
-
-def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
-    """The fastest ok trial whose peak memory stayed within ``limit``."""
-    ok = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
-          and t.user_attrs["measurement"]["peak_memory_bytes"] <= limit]
-    return max(ok, key=lambda t: t.user_attrs["measurement"]["samples_per_sec"], default=None)
-
-
-def pick_baseline(trials: list[FrozenTrial]) -> FrozenTrial | None:
-    base = [t for t in trials
-            if t.user_attrs.get("baseline") and t.user_attrs.get("status") == "ok"]
-    return base[-1] if base else None
 
 
 class Runner:
@@ -222,10 +188,10 @@ class Runner:
         self.workload_name = str(getattr(workload, "name", self.workload_spec.name))
         self.baseline = Config(micro_batch_size=workload.default_micro_batch)
         self.space = narrow(load_space(opts.space), self.hw, 1, self.baseline)
-        self.limit = memory_limit(opts.memory_limit, self.hw)
+        self.limit = memory_limit(opts.memory_limit, self.hw)  # a resumed study keeps its own
         self.storage_url = opts.storage or f"sqlite:///{opts.studies_dir}/autotune.db"
         self.study_name = opts.study_name or default_study_name(
-            self.workload_name, self.workload_spec, self.space.name, self.hw)
+            self.workload_name, self.workload_spec, self.space, self.hw)
         self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
         _check_writable(self.out_dir)
         self.storage = open_storage(self.storage_url)
@@ -254,6 +220,11 @@ class Runner:
                                                               self.workload_spec.params):
                 raise UsageError(f"study {self.study_name} tunes workload {attrs.get('workload')}, "
                                  "not this one; pass another --study name")
+            searched = (attrs.get("space") or {}).get("searched")
+            if searched != json.loads(json.dumps(self.space.to_dict()["searched"])):
+                raise UsageError(f"study {self.study_name} searched another space ({searched}); "
+                                 "its trials would not fit this one: pass another --study name")
+            self._keep_study_limit(attrs.get("memory_limit_bytes"))
         else:
             for key, value in {
                 "fingerprint": fingerprint, "hardware": self.hw.to_dict(),
@@ -263,10 +234,23 @@ class Runner:
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
             }.items():
                 study.set_user_attr(key, value)
-        study.set_user_attr("memory_limit_bytes", self.limit)
+        if "memory_limit_bytes" not in attrs:
+            study.set_user_attr("memory_limit_bytes", self.limit)
         # Reseed on resume so the random start-up trials do not repeat the first run's.
         study.sampler = self._sampler(len(study.get_trials(deepcopy=False)))
         return study
+
+    def _keep_study_limit(self, stored: int | None) -> None:
+        """A study's memory limit is fixed when it is created: constraints of earlier trials
+        were computed against it. Resuming uses it; asking for another one is an error."""
+        if stored is None:
+            return
+        if self.opts.memory_limit is not None and self.limit != stored:
+            raise UsageError(
+                f"study {self.study_name} was tuned with --memory-limit "
+                f"{format_bytes(stored)}, not {format_bytes(self.limit)}; resume it without "
+                "--memory-limit, or pass --study NAME to start a new study with the new limit")
+        self.limit = int(stored)
 
     def _sampler(self, offset: int) -> optuna.samplers.BaseSampler:
         with warnings.catch_warnings():
@@ -286,10 +270,14 @@ class Runner:
             if owner.get("host") != host or _alive(owner.get("pid"), owner.get("started")):
                 continue
             # A finished trial's attributes are frozen: mark it first, then fail it, then retry.
-            self.storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-            self.storage.set_trial_user_attr(t._trial_id, "reason", "its tuner process died")
-            if self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                retry(self.study, self.storage.get_trial(t._trial_id))
+            # Another tuner may be recovering the same trial: whoever fails it first retries it.
+            try:
+                self.storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                self.storage.set_trial_user_attr(t._trial_id, "reason", "its tuner process died")
+                if self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                    retry(self.study, self.storage.get_trial(t._trial_id))
+            except UpdateFinishedTrialError:
+                continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)  # other hosts: by heartbeat
@@ -323,24 +311,28 @@ class Runner:
         done_before = len(recorded(self.study))
         self.reporter.started(StartInfo(
             self.study_name, redact(self.storage_url), self.hw, self.space, self.limit,
-            self.budget_text(), done_before, self.out_dir))
+            self.budget_text(), done_before, self.out_dir, self.opts.trials, self.opts.timeout_s))
         deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
-        interrupted, stop_reason, index = False, "", 0
+        interrupted, stop_reason, twins_in_a_row = False, "", 0
         while True:
-            done = len(recorded(self.study))
-            if self.opts.trials is not None and done >= self.opts.trials:
+            trials = recorded(self.study)
+            if self.opts.trials is not None and len(trials) >= self.opts.trials:
                 stop_reason = f"reached {self.opts.trials} trials"
                 break
             remaining = deadline - time.monotonic() if deadline else None
-            if remaining is not None and remaining < 5:
+            if remaining is not None and remaining < _shortest_useful_trial(trials):
                 stop_reason = f"time budget of {_duration(self.opts.timeout_s or 0)} spent"
                 break
-            index += 1
+            if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
+                stop_reason = (f"the sampler proposed {twins_in_a_row} measured configs in a row: "
+                               "the space looks exhausted")
+                break
             try:
-                self._one_trial(index, remaining)
+                reused = self._one_trial(remaining)
             except KeyboardInterrupt:
                 interrupted, stop_reason = True, "interrupted"
                 break
+            twins_in_a_row = twins_in_a_row + 1 if reused else 0
         summary = self._summary(time.monotonic() - start, interrupted, stop_reason)
         self.reporter.finished(summary)
         if interrupted:
@@ -348,12 +340,19 @@ class Runner:
                               f"{redact(self.storage_url)}: run the same command to resume")
         return summary
 
-    def _one_trial(self, index: int, remaining: float | None) -> None:
+    def _one_trial(self, remaining: float | None) -> bool:
+        """Ask, measure (or reuse), record, export. Returns whether a measurement was reused."""
+        from optuna.storages._heartbeat import get_heartbeat_thread
+
         with warnings.catch_warnings():
             # Optuna warns that heartbeats are meant for optimize(); we run the heartbeat
-            # thread ourselves around each trial (see _measure).
+            # thread ourselves around the whole trial.
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             trial = self.study.ask()
+        with get_heartbeat_thread(trial._trial_id, self.study._storage):
+            return self._run_trial(trial, remaining)
+
+    def _run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
         told = False
         try:
             if trial.user_attrs.get("interrupted"):
@@ -367,16 +366,20 @@ class Runner:
             trial.set_user_attr("config", config.to_dict())
             trial.set_user_attr("worker", _worker())
             done = len(recorded(self.study))
-            timeout = self.opts.trial_timeout_s if remaining is None else \
-                max(1.0, min(self.opts.trial_timeout_s, remaining))
+            cut = remaining is not None and remaining < self.opts.trial_timeout_s
+            timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
             self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,
                                         is_baseline, timeout)
             twin = None if is_baseline else self._measured_twin(config)
             if twin is not None:
-                m = Measurement(**{**twin.user_attrs["measurement"], "stderr_tail": ""})
+                attrs = twin.user_attrs
+                m = Measurement(**{**attrs["measurement"], "stderr_tail": ""})
                 trial.set_user_attr("reused_from", twin.number)
             else:
                 m = self._measure(trial, config, timeout)
+                if cut and m.status == "timeout" and (m.reason or "").startswith("killed at"):
+                    # The run's budget ended this trial, not the config's speed: not a result.
+                    m = replace(m, status="error", reason="stopped by the run's --timeout")
             self._record(trial, config, m)
             told = True
             if m.reason == "interrupted by the user":
@@ -384,9 +387,11 @@ class Runner:
             self._export()
             trials = recorded(self.study)
             best = pick_best(trials, self.limit)
-            self.reporter.trial_finished(
-                _view(self.study._storage.get_trial(trial._trial_id)),
-                _view(best) if best else None)
+            if m.reason != "stopped by the run's --timeout":
+                self.reporter.trial_finished(
+                    view(self.study._storage.get_trial(trial._trial_id)),
+                    view(best) if best else None)
+            return twin is not None
         finally:
             if not told:
                 with contextlib.suppress(Exception):
@@ -394,9 +399,10 @@ class Runner:
                     self.study.tell(trial, state=TrialState.FAIL)
 
     def _measured_twin(self, config: Config) -> FrozenTrial | None:
-        """An earlier ok trial of exactly this config: its measurement is reused, not re-run."""
+        """An earlier trial of exactly this config: its outcome (ok, oom, timeout or error) is
+        reused, not re-run. TPE ignores failed trials and may propose them again."""
         for t in recorded(self.study):
-            if t.user_attrs.get("status") == "ok" and t.user_attrs.get("reused_from") is None \
+            if t.user_attrs.get("reused_from") is None \
                     and t.user_attrs.get("config") == config.to_dict():
                 return t
         return None
@@ -408,11 +414,7 @@ class Runner:
             config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
             measure=self.opts.measure, memory_limit_bytes=self.limit,
             address_space_bytes=self.opts.address_space_bytes)
-        from optuna.storages._heartbeat import get_heartbeat_thread
-
-        with get_heartbeat_thread(trial._trial_id, self.study._storage):
-            raw = launch.execute(p, on_event=self.reporter.trial_event)
-        return classify(raw, self.hw.device)
+        return classify(launch.execute(p, on_event=self.reporter.trial_event), self.hw.device)
 
     def _record(self, trial: optuna.Trial, config: Config, m: Measurement) -> None:
         data = m.to_dict()
@@ -423,9 +425,12 @@ class Runner:
         trial.set_user_attr("measurement", data)
         trial.set_user_attr("memory_limit_bytes", self.limit)
         trial.set_user_attr("overhead_share", m.overhead_share())
-        if m.reason == "interrupted by the user":
+        if m.reason in ("interrupted by the user", "stopped by the run's --timeout"):
+            # Not a result: not counted, and measured again by the next run.
             trial.set_user_attr("interrupted", True)
             self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(trial.params, user_attrs={
+                "retry_of": trial.number, "baseline": bool(trial.user_attrs.get("baseline"))})
             return
         if m.status in ("ok", "oom"):
             # <= 0 is feasible. An OOM is infeasible whatever peak was sampled before it died.
@@ -461,47 +466,16 @@ class Runner:
         best, base = pick_best(trials, self.limit), pick_baseline(trials)
         path = self._export()
         return RunSummary(self.study_name, redact(self.storage_url), self.out_dir, path,
-                          _view(best) if best else None, _view(base) if base else None,
-                          [_view(t) for t in trials], wall_s, interrupted, stop_reason)
+                          view(best) if best else None, view(base) if base else None,
+                          [view(t) for t in trials], wall_s, interrupted, stop_reason)
 
 
-def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial | None,
-                  trials: list[FrozenTrial], limit: int, storage: str) -> Profile:
-    m = best.user_attrs["measurement"]
-    config = Config.from_dict(best.user_attrs["config"])
-    result = {
-        "samples_per_sec": round(m["samples_per_sec"], 4), "spread_cv": round(m["spread_cv"], 4),
-        "windows": len(m["windows"]), "step_time_s": m.get("step_time_s"),
-        "peak_memory_bytes": m["peak_memory_bytes"], "memory_limit_bytes": limit,
-        "breakdown": {k: round(v, 4) for k, v in (m.get("breakdown") or {}).items()},
-        "tflops": round(m["tflops"], 4) if m.get("tflops") else None,
-        "trial": best.user_attrs.get("reused_from", best.number),
-    }
-    base_block: dict[str, Any] = {"config": None, "samples_per_sec": None}
-    speedup = None
-    notes = []
-    if baseline is not None:
-        bm = baseline.user_attrs["measurement"]
-        base_config = Config.from_dict(baseline.user_attrs["config"])
-        base_block = {"config": base_config.to_dict(),
-                      "samples_per_sec": round(bm["samples_per_sec"], 4),
-                      "spread_cv": round(bm["spread_cv"], 4),
-                      "peak_memory_bytes": bm["peak_memory_bytes"], "trial": baseline.number}
-        speedup = round(m["samples_per_sec"] / bm["samples_per_sec"], 3)
-        if config.samples_per_step != base_config.samples_per_step:
-            notes.append(f"effective batch changed from {base_config.samples_per_step} to "
-                         f"{config.samples_per_step} samples per optimizer step; scale the "
-                         "learning rate and schedule accordingly")
-    else:
-        notes.append("the baseline has not been measured yet: no speedup is claimed")
-    return Profile(
-        workload=dict(study.user_attrs["workload"]),
-        config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,
-        fingerprint=study.user_attrs["fingerprint"],
-        provenance={"study": study.study_name, "storage": storage, "trials": len(trials),
-                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},
-        notes=notes)
+def _shortest_useful_trial(trials: list[FrozenTrial]) -> float:
+    """Starting a trial with less time left than half the typical ok trial wastes the time."""
+    walls = sorted(t.user_attrs["measurement"]["wall_s"] for t in trials
+                   if t.user_attrs.get("status") == "ok"
+                   and t.user_attrs.get("reused_from") is None)
+    return max(5.0, 0.5 * walls[len(walls) // 2]) if walls else 5.0
 
 
 def _worker() -> dict[str, Any]:

@@ -113,8 +113,17 @@ def _load_file(path: Path, module_name: str) -> Any:
         raise WorkloadError(f"cannot import workload file {path}; it must be a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise WorkloadError(f"workload file {path} fails to import: {_first_line(exc)}; "
+                            "fix the file (run `python` on it to see the traceback)") from None
     return module
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _builder(spec: str) -> Callable[..., Any]:
@@ -135,6 +144,9 @@ def _builder(spec: str) -> Callable[..., Any]:
         except ImportError as exc:
             raise WorkloadError(f"cannot import workload module {target!r} ({exc}); "
                                 "check PYTHONPATH or pass a .py file") from None
+        except Exception as exc:
+            raise WorkloadError(f"workload module {target!r} fails to import: "
+                                f"{_first_line(exc)}; fix the module") from None
     else:
         raise WorkloadError(f"unknown model {spec!r}; built-in workloads: "
                             f"{', '.join(builtins)}; or pass pkg.module:function or a .py file")
@@ -162,6 +174,9 @@ def resolve(spec: str, params: Mapping[str, Any] | None = None) -> Workload:
         workload = builder(**params)
     except (TypeError, ValueError) as exc:
         raise WorkloadError(f"workload {spec} rejected its params {params}: {exc}") from None
+    except Exception as exc:
+        raise WorkloadError(f"workload {spec}'s builder failed: {_first_line(exc)}; "
+                            "build() must only create the workload object") from None
     missing = [m for m in ("build_model", "build_dataset", "build_optimizer", "loss")
                if not callable(getattr(workload, m, None))]
     if missing or not isinstance(getattr(workload, "default_micro_batch", None), int):

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app, parse_duration
-from autotune.errors import UsageError
+from autotune.errors import UsageError, WorkloadError
 
 runner = CliRunner()
 
@@ -42,6 +42,8 @@ def test_list_shows_workloads_and_spaces() -> None:
     (["--model", "mlp", "--storage", "nosuchdb://x"], 2, "cannot open storage 'nosuchdb://x'"),
     (["--model", "mlp", "--storage", "postgresql://nobody@127.0.0.1:1/x"], 2,
      "cannot open storage"),
+    (["--model", "mlp", "--trial-seconds", "150"], 2,
+     "--trial-seconds (150s) must be at most 2/3 of --trial-timeout (180s)"),
 ])
 def test_usage_errors(workdir: Path, args: list[str], code: int, needle: str) -> None:
     result = run("run", *args)
@@ -67,7 +69,9 @@ def test_unwritable_out_dir(workdir: Path) -> None:
 
 def test_debug_shows_the_traceback(workdir: Path) -> None:
     result = run("run", "--model", "resnet", "--debug")
-    assert result.exit_code != 0 and result.exception is not None
+    assert isinstance(result.exception, WorkloadError)  # raised, not turned into one line
+    plain = run("run", "--model", "resnet")
+    assert isinstance(plain.exception, SystemExit) and plain.exit_code == 2
 
 
 def test_nothing_is_created_for_rejected_input(workdir: Path) -> None:

@@ -113,8 +113,12 @@ def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     assert "time budget of 8s spent" in result.stdout
     assert "no configuration has been measured successfully" in result.stdout
     assert elapsed < 8 + 10  # process start-up and the final export on top of the budget
-    (trial,) = recorded(load(DB))
-    assert trial.state == TrialState.PRUNED and trial.user_attrs["status"] == "timeout"
+    study = load(DB)
+    assert recorded(study) == []  # cut by the budget: not a result about the config
+    cut = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert len(cut) == 1 and cut[0].user_attrs["reason"] == "stopped by the run's --timeout"
+    waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert waiting and waiting[0].system_attrs["fixed_params"] == cut[0].params  # run again next
 
 
 def _wait_for(predicate, timeout: float = 120) -> None:
@@ -132,14 +136,23 @@ def _start(workdir: Path, *args: str) -> subprocess.Popen[str]:
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def _running_after(n: int):
+def _measuring_after(n: int, tuner: subprocess.Popen[str]):
+    """True once n trials are recorded and the tuner has a trial process measuring."""
     def check() -> bool:
         try:
             study = load(DB)
         except Exception:
             return False
         trials = study.get_trials(deepcopy=False)
-        return len(recorded(study)) >= n and any(t.state == TrialState.RUNNING for t in trials)
+        running = [t for t in trials if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
+        benches = []
+        for child in psutil.Process(tuner.pid).children():
+            try:
+                if "autotune.bench" in " ".join(child.cmdline()):
+                    benches.append(child)
+            except psutil.Error:  # a trial that just ended
+                continue
+        return len(recorded(study)) >= n and bool(running) and bool(benches)
 
     return check
 
@@ -147,9 +160,10 @@ def _running_after(n: int):
 def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     args = ("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST)
     tuner = _start(workdir, *args)
-    _wait_for(_running_after(2))
+    _wait_for(_measuring_after(2, tuner))
     before = {t.number: t.value for t in recorded(load(DB))}
     trial_procs = psutil.Process(tuner.pid).children(recursive=True)
+    assert trial_procs  # the kill lands while a trial process is measuring
     tuner.send_signal(signal.SIGKILL)
     tuner.communicate()
     _, alive = psutil.wait_procs(trial_procs, timeout=10)
@@ -172,7 +186,7 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
 def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
     args = ("run", "--model", "mlp", "--trials", "20", "--storage", DB, *FAST)
     tuner = _start(workdir, *args)
-    _wait_for(_running_after(2))
+    _wait_for(_measuring_after(2, tuner))
     tuner.send_signal(signal.SIGINT)
     out, err = tuner.communicate(timeout=60)
     assert tuner.returncode == 130, err
