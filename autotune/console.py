@@ -4,6 +4,7 @@ the closing table. Outside a terminal the same facts come as plain lines (no bar
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -118,8 +119,8 @@ class ConsoleReporter:
 
     def trial_finished(self, view: TrialView, best: TrialView | None) -> None:
         self.best = best
-        self.done += 1
         if view.reused_from is None:
+            self.done += 1
             self.durations.append(time.monotonic() - self._trial_start)
         tag = ""
         if view.is_baseline:
@@ -135,7 +136,8 @@ class ConsoleReporter:
             what = f"{view.status}: {view.reason}"
         line = f"  #{view.number:<3} {short(view.config):<44} {what}{tag}"
         if self.progress is not None and self.task is not None:
-            self.progress.advance(self.task)
+            if view.reused_from is None:
+                self.progress.advance(self.task)
             self.progress.console.print(line)
         else:
             self.console.print(line)
@@ -144,12 +146,13 @@ class ConsoleReporter:
         if self.progress is not None:
             self.progress.stop()
         p = self.console.print
-        counts: dict[str, int] = {}
-        for t in summary.trials:
-            counts[t.status] = counts.get(t.status, 0) + 1
-        p(f"\nstopped: {summary.stop_reason}; {len(summary.trials)} trial(s) in the study "
-          f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
-          f"this run took {summary.wall_s / 60:.1f} min")
+        ran = [t for t in summary.trials if t.reused_from is None]
+        counts = Counter(t.status for t in ran)
+        repeats = len(summary.trials) - len(ran)
+        p(f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study "
+          f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+          + (f" and {repeats} repeated config(s) not re-run" if repeats else "")
+          + f"; this run took {summary.wall_s / 60:.1f} min")
         if summary.best is None:
             p("no configuration has been measured successfully yet; no profile written")
             return

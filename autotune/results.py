@@ -52,6 +52,11 @@ def recorded(study: optuna.Study) -> list[FrozenTrial]:
             and not t.user_attrs.get("interrupted")]
 
 
+def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Recorded trials that ran a process; repeats of a measured config reuse its outcome."""
+    return [t for t in trials if t.user_attrs.get("reused_from") is None]
+
+
 def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
     """The fastest ok trial whose peak memory stayed within ``limit``."""
     ok = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"

@@ -34,6 +34,7 @@ from autotune.profile import fingerprint_diff
 from autotune.results import (
     TrialView,
     build_profile,
+    measured,
     pick_baseline,
     pick_best,
     recorded,
@@ -294,7 +295,7 @@ class Runner:
         o = self.opts
         parts = []
         if o.trials is not None:
-            parts.append(f"{o.trials} trials in the study")
+            parts.append(f"{o.trials} measured trials in the study")
         if o.timeout_s is not None:
             parts.append(f"{_duration(o.timeout_s)} of wall time")
         measuring = float(o.measure.get("max_seconds", 60.0))
@@ -308,7 +309,7 @@ class Runner:
         start = time.monotonic()
         self._recover_dead_trials()
         self._enqueue_baseline()
-        done_before = len(recorded(self.study))
+        done_before = len(measured(recorded(self.study)))
         self.reporter.started(StartInfo(
             self.study_name, redact(self.storage_url), self.hw, self.space, self.limit,
             self.budget_text(), done_before, self.out_dir, self.opts.trials, self.opts.timeout_s))
@@ -316,7 +317,8 @@ class Runner:
         interrupted, stop_reason, twins_in_a_row = False, "", 0
         while True:
             trials = recorded(self.study)
-            if self.opts.trials is not None and len(trials) >= self.opts.trials:
+            # --trials counts measurements: a repeated config costs nothing and does not count.
+            if self.opts.trials is not None and len(measured(trials)) >= self.opts.trials:
                 stop_reason = f"reached {self.opts.trials} trials"
                 break
             remaining = deadline - time.monotonic() if deadline else None
@@ -365,7 +367,7 @@ class Runner:
             is_baseline = bool(trial.user_attrs.get("baseline"))
             trial.set_user_attr("config", config.to_dict())
             trial.set_user_attr("worker", _worker())
-            done = len(recorded(self.study))
+            done = len(measured(recorded(self.study)))
             cut = remaining is not None and remaining < self.opts.trial_timeout_s
             timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
             self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,

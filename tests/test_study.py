@@ -40,7 +40,7 @@ def test_small_study_end_to_end(workdir: Path) -> None:
                       cwd=workdir)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "budget       5 trials in the study" in out and "(baseline)" in out
+    assert "budget       5 measured trials in the study" in out and "(baseline)" in out
     assert "speedup over the baseline" in out
     study = load(DB)
     trials = recorded(study)
