@@ -370,14 +370,14 @@ class Runner:
             done = len(measured(recorded(self.study)))
             cut = remaining is not None and remaining < self.opts.trial_timeout_s
             timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
-            self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,
-                                        is_baseline, timeout)
             twin = None if is_baseline else self._measured_twin(config)
-            if twin is not None:
+            if twin is not None:  # reported once, when recorded: nothing runs
                 attrs = twin.user_attrs
                 m = Measurement(**{**attrs["measurement"], "stderr_tail": ""})
                 trial.set_user_attr("reused_from", twin.number)
             else:
+                self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,
+                                            is_baseline, timeout)
                 m = self._measure(trial, config, timeout)
                 if cut and m.status == "timeout" and (m.reason or "").startswith("killed at"):
                     # The run's budget ended this trial, not the config's speed: not a result.

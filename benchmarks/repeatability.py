@@ -49,8 +49,9 @@ def main() -> int:
                          "in_trial_cv": m.spread_cv, "windows": len(m.windows),
                          "wall_s": round(m.wall_s, 2), "overhead_share": m.overhead_share()})
             if not args.json:
+                spread = "n/a" if m.spread_cv is None else f"{100 * m.spread_cv:.1f}%"
                 print(f"run {i + 1}: {m.status} {m.samples_per_sec or 0:.3f} samples/s "
-                      f"(in-trial CV {100 * (m.spread_cv or 0):.1f}%, {len(m.windows)} windows, "
+                      f"(in-trial CV {spread}, {len(m.windows)} windows, "
                       f"{m.wall_s:.1f}s, overhead {100 * (m.overhead_share() or 0):.0f}%)",
                       flush=True)
     rates = [r["samples_per_sec"] for r in runs if r["status"] == "ok"]
