@@ -103,7 +103,9 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
         workload=dict(study.user_attrs["workload"]),
         config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,
         fingerprint=study.user_attrs["fingerprint"],
-        provenance={"study": study.study_name, "storage": storage, "trials": len(trials),
+        provenance={"study": study.study_name, "storage": storage,
+                    "trials": len(measured(trials)),
+                    "repeats_reused": len(trials) - len(measured(trials)),
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},
         notes=notes)

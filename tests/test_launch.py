@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from autotune.knobs import Config
 from autotune.launch import execute, plan
@@ -126,3 +127,17 @@ def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
     child = int(pid_file.read_text())
     time.sleep(1.5)  # the grandchild's group is killed by the trial's parent watch
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+
+
+def test_a_too_slow_config_ends_early_with_a_rough_rate(tmp_path: Path) -> None:
+    # Each micro-batch sleeps 1 s; with accumulation 4 a step takes ~4 s, and warm-up plus one
+    # window cannot fit a 1 s measuring budget: the trial says so after the first micro-batch
+    # instead of running its steps to the hard timeout.
+    p = plan(workload={"spec": "autotune.testing.workloads:slow", "params": {"step_s": 1.0}},
+             config=Config(micro_batch_size=4, grad_accum_steps=4), device="cpu",
+             workdir=tmp_path, timeout_s=60, measure={"max_seconds": 1, "min_window_s": 0.05})
+    start = time.monotonic()
+    m = classify(execute(p))
+    assert time.monotonic() - start < 8  # a full warm-up would be 8 s of sleeping alone
+    assert m.status == "timeout" and "one optimizer step takes ~4" in (m.reason or "")
+    assert m.rough_samples_per_sec == pytest.approx(16 / 4, rel=0.3)

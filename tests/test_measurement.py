@@ -84,3 +84,9 @@ def test_check_result_names_each_problem() -> None:
     problems = check_result({"schema": "x", "status": "maybe", "peak_memory_bytes": 1.5})
     assert len(problems) == 3
     assert check_result(ok_doc()) == []
+
+
+def test_one_window_has_an_unknown_spread_not_zero() -> None:
+    doc = ok_doc(windows=[{"samples": 100, "seconds": 2.0, "data_wait_s": 0.0}])
+    m = classify(raw(result=doc))
+    assert m.ok and m.samples_per_sec == 50.0 and m.spread_cv is None

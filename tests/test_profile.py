@@ -35,6 +35,14 @@ def test_round_trip(tmp_path: Path) -> None:
     assert yaml.safe_load(path.read_text())["schema"] == SCHEMA
 
 
+def test_example_profiles_load() -> None:
+    examples = sorted((Path(__file__).parents[1] / "studies" / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        profile = load_profile(path, check_fingerprint=False)
+        assert profile.samples_per_sec > 0 and profile.speedup and profile.speedup > 1
+
+
 def test_v1_fixture_still_loads() -> None:
     profile = load_profile(FIXTURE, check_fingerprint=False)
     assert profile.config.amp == "bf16" and profile.speedup == pytest.approx(2.41)
