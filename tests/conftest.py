@@ -24,3 +24,16 @@ def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | 
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """gpu / multi_gpu tests skip without devices (the test process may touch CUDA; the tuner
+    may not)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if "gpu" in item.keywords and count < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "multi_gpu" in item.keywords and count < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))

@@ -63,8 +63,11 @@ def test_small_study_end_to_end(workdir: Path) -> None:
 
 
 def test_same_command_again_resumes_and_adds_no_trial(workdir: Path) -> None:
-    args = ("run", "--model", "mlp", "--trials", "2", "--storage", DB, *FAST)
+    args = ("run", "--model", "mlp", "--trials", "2", "--storage", DB, "--out", "results", *FAST)
     assert autotune(*args, cwd=workdir).returncode == 0
+    assert load_profile(workdir / "results" / "profile.yaml").provenance["trials"] == 2
+    assert (workdir / "results" / "trials" / "0001" / "stderr.log").exists()
+    assert not (workdir / "studies").exists()  # --out moved the outputs; the storage is explicit
     again = autotune(*args, cwd=workdir)
     assert again.returncode == 0 and "resuming     2 trial(s) already measured" in again.stdout
     assert len(recorded(load(DB))) == 2
