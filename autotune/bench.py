@@ -298,7 +298,10 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
                     break
             else:
                 check_fits(step_times[-1], len(step_times))
-            if time.time() - t_warm > 0.4 * measure["max_seconds"]:
+            # Past the minimum, long steps end warm-up by time; before it, never: the first step
+            # carries start-up costs and is no measure of steady state.
+            if len(step_times) >= measure["warmup_min_steps"] and \
+                    time.time() - t_warm > 0.4 * measure["max_seconds"]:
                 ended_by = "time"
                 break
     except _TooSlow as slow:

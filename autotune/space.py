@@ -270,7 +270,7 @@ def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config) 
             fixed[name] = (base[name], why_not)
             continue
         if isinstance(domain, IntRange):
-            searched[name] = domain
+            searched[name] = _narrow_range(name, domain, hw, world_size, base[name], removed)
             continue
         keep = []
         for value in domain.values:
@@ -295,5 +295,26 @@ def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config) 
     return NarrowedSpace(space.name, space.source, searched, fixed, removed, world_size)
 
 
-def with_baseline_batch(baseline: Config, micro_batch_size: int) -> Config:
-    return replace(baseline, micro_batch_size=micro_batch_size)
+def _narrow_range(name: str, domain: IntRange, hw: Hardware, world_size: int, base: Any,
+                  removed: dict[str, list[tuple[Any, str]]]) -> IntRange:
+    """Clip an integer range to the values this hardware can run, and widen it to hold the
+    baseline's value (a range must stay a range: it cannot have holes)."""
+    knob = KNOBS[name]
+    values = range(domain.low, domain.high + 1, domain.step)
+    if len(values) <= 4096:
+        keep = [v for v in values if not knob.value_ok(v, hw, world_size)]
+        dropped = [v for v in values if knob.value_ok(v, hw, world_size)]
+        if dropped:
+            why = knob.value_ok(dropped[0], hw, world_size)
+            removed.setdefault(name, []).append((f"{dropped[0]}..{dropped[-1]}", str(why)))
+        if not keep:
+            raise UsageError(f"knob {name} has no value this hardware can run "
+                             f"({removed.get(name)}); change its range")
+        domain = replace(domain, low=keep[0], high=keep[-1])
+    if base is not None and not domain.contains(base):
+        if (base - domain.low) % domain.step:
+            raise UsageError(f"knob {name}: the baseline value {base} is not on the range's step "
+                             f"{domain.step}; the baseline must be measurable: adjust low/step")
+        domain = replace(domain, low=min(domain.low, base), high=max(domain.high, base))
+    return domain
+

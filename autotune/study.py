@@ -225,7 +225,7 @@ class Runner:
             if searched != json.loads(json.dumps(self.space.to_dict()["searched"])):
                 raise UsageError(f"study {self.study_name} searched another space ({searched}); "
                                  "its trials would not fit this one: pass another --study name")
-            self._keep_study_limit(attrs.get("memory_limit_bytes"))
+            self._keep_study_limit(attrs.get("memory_limit_bytes"), attrs.get("memory_limit_spec"))
         else:
             for key, value in {
                 "fingerprint": fingerprint, "hardware": self.hw.to_dict(),
@@ -237,16 +237,19 @@ class Runner:
                 study.set_user_attr(key, value)
         if "memory_limit_bytes" not in attrs:
             study.set_user_attr("memory_limit_bytes", self.limit)
+            study.set_user_attr("memory_limit_spec", self.opts.memory_limit)
         # Reseed on resume so the random start-up trials do not repeat the first run's.
         study.sampler = self._sampler(len(study.get_trials(deepcopy=False)))
         return study
 
-    def _keep_study_limit(self, stored: int | None) -> None:
+    def _keep_study_limit(self, stored: int | None, stored_spec: str | None) -> None:
         """A study's memory limit is fixed when it is created: constraints of earlier trials
-        were computed against it. Resuming uses it; asking for another one is an error."""
+        were computed against it. Resuming uses it; asking for another one is an error. The
+        same flag text counts as the same limit (a fraction of available RAM moves a little)."""
         if stored is None:
             return
-        if self.opts.memory_limit is not None and self.limit != stored:
+        asked = self.opts.memory_limit
+        if asked is not None and asked != stored_spec and self.limit != stored:
             raise UsageError(
                 f"study {self.study_name} was tuned with --memory-limit "
                 f"{format_bytes(stored)}, not {format_bytes(self.limit)}; resume it without "
@@ -284,10 +287,12 @@ class Runner:
             optuna.storages.fail_stale_trials(self.study)  # other hosts: by heartbeat
 
     def _enqueue_baseline(self) -> None:
+        """Queue the baseline once: a baseline that ran (even to an OOM) is not run again."""
         trials = self.study.get_trials(deepcopy=False)
         pending = any(t.user_attrs.get("baseline") and t.state in
                       (TrialState.WAITING, TrialState.RUNNING) for t in trials)
-        if pick_baseline(trials) is None and not pending:
+        ran = any(t.user_attrs.get("baseline") for t in recorded(self.study))
+        if not ran and not pending:
             self.study.enqueue_trial(self.space.params_for(self.baseline),
                                      user_attrs={"baseline": True})
 
@@ -378,9 +383,13 @@ class Runner:
             else:
                 self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,
                                             is_baseline, timeout)
+                trial.set_user_attr("measure_settings", self._measure_settings())
                 m = self._measure(trial, config, timeout)
-                if cut and m.status == "timeout" and (m.reason or "").startswith("killed at"):
-                    # The run's budget ended this trial, not the config's speed: not a result.
+                m = self._remeasure_if_promising(trial, config, m, remaining)
+                if cut and m.status == "timeout" and (m.reason or "").startswith("killed at") \
+                        and not trial.user_attrs.get("budget_cut"):
+                    # The run's budget ended this trial, not the config's speed: not a result,
+                    # measured again once by the next run (twice cut: it is a real timeout).
                     m = replace(m, status="error", reason="stopped by the run's --timeout")
             self._record(trial, config, m)
             told = True
@@ -401,20 +410,50 @@ class Runner:
                     self.study.tell(trial, state=TrialState.FAIL)
 
     def _measured_twin(self, config: Config) -> FrozenTrial | None:
-        """An earlier trial of exactly this config: its outcome (ok, oom, timeout or error) is
-        reused, not re-run. TPE ignores failed trials and may propose them again."""
+        """An earlier trial of exactly this config, measured with the same settings: its outcome
+        (ok, oom, timeout or error) is reused, not re-run. TPE ignores failed trials and may
+        propose them again."""
         for t in recorded(self.study):
             if t.user_attrs.get("reused_from") is None \
-                    and t.user_attrs.get("config") == config.to_dict():
+                    and t.user_attrs.get("config") == config.to_dict() \
+                    and t.user_attrs.get("measure_settings") == self._measure_settings():
                 return t
         return None
 
-    def _measure(self, trial: optuna.Trial, config: Config, timeout: float) -> Measurement:
+    def _measure_settings(self) -> dict[str, Any]:
+        return {k: self.opts.measure[k] for k in sorted(self.opts.measure)}
+
+    def _remeasure_if_promising(self, trial: optuna.Trial, config: Config, m: Measurement,
+                                remaining: float | None) -> Measurement:
+        """A config ended early as too slow to measure whose rough rate (from its first, slowest
+        step) already beats the best is measured again with room for warm-up and one window,
+        within the hard trial limit: big batches are often the fastest and must not be lost to
+        a measuring budget sized for ordinary steps."""
+        best = pick_best(recorded(self.study), self.limit)
+        rough = m.rough_samples_per_sec
+        if m.status != "timeout" or not rough or best is None or not m.reason \
+                or not m.reason.startswith("one optimizer step"):
+            return m
+        if rough <= best.user_attrs["measurement"]["samples_per_sec"]:
+            return m
+        step_s = config.samples_per_step / rough
+        room = min(self.opts.trial_timeout_s, remaining or math.inf)
+        budget = 3.5 * step_s  # two warm-up steps and one window, with slack
+        if budget * 1.25 + 15 > room:
+            return m
+        trial.set_user_attr("remeasured", {"first": m.reason, "max_seconds": budget})
+        return self._measure(trial, config, room, max_seconds=budget)
+
+    def _measure(self, trial: optuna.Trial, config: Config, timeout: float,
+                 max_seconds: float | None = None) -> Measurement:
         workdir = self.out_dir / "trials" / f"{trial.number:04d}"
+        measure = dict(self.opts.measure)
+        if max_seconds is not None:
+            measure["max_seconds"] = max_seconds
         p = launch.plan(
             workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
             config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
-            measure=self.opts.measure, memory_limit_bytes=self.limit,
+            measure=measure, memory_limit_bytes=self.limit,
             address_space_bytes=self.opts.address_space_bytes)
         return classify(launch.execute(p, on_event=self.reporter.trial_event), self.hw.device)
 
@@ -432,7 +471,8 @@ class Runner:
             trial.set_user_attr("interrupted", True)
             self.study.tell(trial, state=TrialState.FAIL)
             self.study.enqueue_trial(trial.params, user_attrs={
-                "retry_of": trial.number, "baseline": bool(trial.user_attrs.get("baseline"))})
+                "retry_of": trial.number, "baseline": bool(trial.user_attrs.get("baseline")),
+                "budget_cut": m.reason == "stopped by the run's --timeout"})
             return
         if m.status in ("ok", "oom"):
             # <= 0 is feasible. An OOM is infeasible whatever peak was sampled before it died.

@@ -15,6 +15,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -139,6 +140,10 @@ def _builder(spec: str) -> Callable[..., Any]:
                                 "pass an existing .py file, a module:function, or a built-in name")
         module = _load_file(path.resolve(), f"autotune_user_workload_{path.stem}")
     elif func:
+        # As `python -m` does: modules next to where the user runs autotune are importable,
+        # also under the console script (whose sys.path does not hold the current directory).
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(target)
         except ImportError as exc:

@@ -141,3 +141,26 @@ def test_a_too_slow_config_ends_early_with_a_rough_rate(tmp_path: Path) -> None:
     assert time.monotonic() - start < 8  # a full warm-up would be 8 s of sleeping alone
     assert m.status == "timeout" and "one optimizer step takes ~4" in (m.reason or "")
     assert m.rough_samples_per_sec == pytest.approx(16 / 4, rel=0.3)
+
+
+def test_knobs_reach_the_trial(tmp_path: Path) -> None:
+    """Accumulation, workers and prefetch are applied in the trial process, not only recorded."""
+    config = Config(micro_batch_size=16, grad_accum_steps=3, amp="bf16", num_workers=2,
+                    prefetch_factor=4)
+    p = plan(workload={"spec": "mlp", "params": {}}, config=config, device="cpu",
+             workdir=tmp_path, timeout_s=60, measure={"min_window_s": 0.2, "max_seconds": 5})
+    workers: list[int] = []
+
+    def count_workers(event: dict) -> None:
+        if event["event"] != "window" or workers:
+            return
+        for proc in psutil.process_iter(["cmdline"]):
+            if p.spec_path in " ".join(proc.info["cmdline"] or []):
+                workers.append(len(proc.children()))
+
+    raw = execute(p, on_event=count_workers)
+    m = classify(raw)
+    assert m.ok, raw.stderr_tail[-1000:]
+    assert all(w["samples"] == w["steps"] * 16 * 3 for w in m.windows)
+    assert workers and workers[0] >= 2  # the loader's worker processes
+    assert raw.result is not None and raw.result["steps_per_window"] >= 1

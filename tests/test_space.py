@@ -121,6 +121,18 @@ def test_enqueued_baseline_comes_back_unchanged() -> None:
     assert narrowed.suggest(study.ask(), baseline) == baseline
 
 
+def test_int_ranges_are_clipped_to_the_hardware_and_hold_the_baseline(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, "knobs:\n  num_workers: {low: 1, high: 16}\n"
+                                       "  micro_batch_size: {low: 16, high: 64, step: 8}\n"))
+    narrowed = narrow(space, fake_cpu(cores=2), 1, Config(micro_batch_size=8))
+    assert narrowed.searched["num_workers"] == IntRange(0, 2)  # 3..16 dropped, baseline 0 added
+    assert narrowed.removed["num_workers"][0][0] == "3..16"
+    assert narrowed.searched["micro_batch_size"] == IntRange(8, 64, False, 8)
+    with pytest.raises(UsageError, match="baseline value 8 is not on the range's step 5"):
+        narrow(load_space(write(tmp_path, "knobs:\n  micro_batch_size: {low: 10, high: 30, "
+                                           "step: 5}\n")), fake_cpu(), 1, Config())
+
+
 def test_int_range(tmp_path: Path) -> None:
     text = "knobs:\n  micro_batch_size: {low: 1, high: 256, log: true}\n"
     space = load_space(write(tmp_path, text))

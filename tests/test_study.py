@@ -74,22 +74,24 @@ def test_same_command_again_resumes_and_adds_no_trial(workdir: Path) -> None:
 
 
 def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir: Path) -> None:
-    # memhog holds 16 MiB per sample: batch 4 stays ~0.4 GiB, batch 64 passes 1 GiB.
+    # memhog holds 128 MiB per sample: the baseline's batch of 4 passes the 700 MiB limit and
+    # runs first; batch 1 (~0.5 GiB with torch itself) fits and runs after it.
     (workdir / "space.yaml").write_text(
         "# autotune run --model autotune.testing.workloads:memhog --space space.yaml\n"
-        "knobs:\n  micro_batch_size: {choices: [64]}\n")
+        "knobs:\n  micro_batch_size: {choices: [1]}\n")
     result = autotune("run", "--model", "autotune.testing.workloads:memhog", "--param",
-                      "mib_per_sample=16", "--space", "space.yaml", "--trials", "2",
+                      "mib_per_sample=128", "--space", "space.yaml", "--trials", "2",
                       "--memory-limit", "700MiB", "--storage", DB, *FAST, cwd=workdir)
     assert result.returncode == 0, result.stderr
-    trials = recorded(load(DB))
-    by_batch = {t.params["micro_batch_size"]: t for t in trials}
-    assert set(by_batch) == {4, 64}
-    oom = by_batch[64]
+    oom, fits = recorded(load(DB))
+    assert oom.params["micro_batch_size"] == 4 and oom.user_attrs["baseline"]
     assert oom.user_attrs["status"] == "oom" and oom.constraints["memory"] > 0
     assert oom.user_attrs["measurement"]["peak_memory_bytes"] > 700 * 2**20
-    assert by_batch[4].user_attrs["status"] == "ok" and by_batch[4].constraints["memory"] <= 0
+    assert fits.params["micro_batch_size"] == 1  # the study went on after the OOM
+    assert fits.user_attrs["status"] == "ok" and fits.constraints["memory"] <= 0
     assert "oom: process tree passed the memory limit" in result.stdout
+    assert "no speedup is claimed" in (workdir / "studies").joinpath(
+        load(DB).study_name, "profile.yaml").read_text()
 
 
 def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Path) -> None:
@@ -122,6 +124,37 @@ def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     assert len(cut) == 1 and cut[0].user_attrs["reason"] == "stopped by the run's --timeout"
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
     assert waiting and waiting[0].system_attrs["fixed_params"] == cut[0].params  # run again next
+    # Cut a second time, it is a real timeout: a config that never fits is not retried forever.
+    again = autotune("run", "--model", "autotune.testing.workloads:slow", "--timeout", "8s",
+                     "--param", "step_s=3", "--trial-seconds", "60", "--storage", DB, cwd=workdir)
+    assert again.returncode == 1
+    (timed_out,) = recorded(load(DB))
+    assert timed_out.state == TrialState.PRUNED and timed_out.user_attrs["status"] == "timeout"
+
+
+def test_a_too_slow_config_that_already_beats_the_best_is_measured_properly(
+        workdir: Path) -> None:
+    # The baseline's batch of 4 takes 1 s a step (4 samples/s); batch 64 takes 4 s a step
+    # (16 samples/s), too long to measure in a 2 s budget. Its rough rate beats the best, so the
+    # study measures it again with room for warm-up and a window.
+    (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [64]}\n")
+    result = autotune("run", "--model", "autotune.testing.workloads:slow", "--param", "step_s=1",
+                      "--param", "exponent=0.5",
+                      "--space", "space.yaml", "--trials", "2", "--trial-seconds", "2",
+                      "--window-seconds", "0.5", "--trial-timeout", "60s", "--storage", DB,
+                      cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    base, big = recorded(load(DB))
+    assert big.user_attrs["status"] == "ok" and "remeasured" in big.user_attrs
+    assert big.value == pytest.approx(16.0, rel=0.2) and base.value == pytest.approx(4.0, rel=0.2)
+
+
+def test_resuming_keeps_the_memory_limit(workdir: Path) -> None:
+    args = ("run", "--model", "mlp", "--trials", "1", "--storage", DB, *FAST)
+    assert autotune(*args, "--memory-limit", "0.5", cwd=workdir).returncode == 0
+    assert autotune(*args, "--memory-limit", "0.5", cwd=workdir).returncode == 0  # same flag
+    other = autotune(*args, "--memory-limit", "2GiB", cwd=workdir)
+    assert other.returncode == 2 and "was tuned with --memory-limit" in other.stderr
 
 
 def _wait_for(predicate, timeout: float = 120) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,21 @@ def test_tiny_language_models_train_one_step(spec: str) -> None:
     loss.backward()
     w.build_optimizer(model).step()
     assert torch.isfinite(loss) and w.flops_per_sample() > 0
+
+
+def test_module_workloads_next_to_the_user_work_without_pythonpath(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_jobs.py").write_text((DATA / "custom_workload.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert resolve("my_jobs:build", {"width": 4}).width == 4
+
+
+def test_a_broken_workload_file_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text("def build(:\n")
+    with pytest.raises(WorkloadError, match="fails to import: SyntaxError"):
+        resolve(str(path))
 
 
 def test_workload_missing_methods_is_refused(tmp_path: Path) -> None:

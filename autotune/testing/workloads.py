@@ -99,13 +99,17 @@ class Crash(Tiny):
 
 @dataclass
 class Slow(Tiny):
-    """Each step sleeps ``step_s`` seconds: for budget and pruning tests."""
+    """Each micro-batch sleeps ``step_s x (batch / 4) ** exponent`` seconds: for budget tests.
+
+    With ``exponent`` 0.5 a bigger batch takes longer per step but gives more samples/s, as on
+    real accelerators."""
 
     step_s: float = 1.0
+    exponent: float = 0.0
     name: str = "slow"
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        time.sleep(self.step_s)
+        time.sleep(self.step_s * (batch.shape[0] / 4) ** self.exponent)
         return model(batch).pow(2).mean()
 
 
@@ -125,5 +129,5 @@ def crash(how: str = "raise") -> Crash:
     return Crash(how=how)
 
 
-def slow(step_s: float = 1.0) -> Slow:
-    return Slow(step_s=step_s)
+def slow(step_s: float = 1.0, exponent: float = 0.0) -> Slow:
+    return Slow(step_s=step_s, exponent=exponent)
