@@ -90,19 +90,20 @@ def run(
     space: Annotated[str, typer.Option(
         help="Search space: built-in name or YAML file")] = "default",
     storage: Annotated[str | None, typer.Option(
-        help="Optuna storage URL [default: sqlite:///studies/autotune.db]")] = None,
+        help="Optuna storage URL (default: sqlite:///studies/autotune.db)")] = None,
     study: Annotated[str | None, typer.Option(
-        help="Study name [default: workload-space-<hash of params and hardware>]")] = None,
+        help="Study name (default: workload-space-<hash of params, space, hardware>)")] = None,
     trials: Annotated[int | None, typer.Option(
-        help="Trials the study should have; rerunning resumes towards it")] = None,
+        help="Measured trials the study should have (repeats of a measured config do not "
+             "count); rerunning the command resumes towards it")] = None,
     timeout: Annotated[str | None, typer.Option(
-        help="Wall-time budget of this run, e.g. 10m [default: 12m when --trials is not given]")
+        help="Wall-time budget of this run, e.g. 10m (default: 12m when --trials is not given)")
     ] = None,
     memory_limit: Annotated[str | None, typer.Option(
-        help="Per-rank memory limit: a size (20GiB) or a fraction (0.8) [default: 90% of GPU "
-             "memory, 80% of available RAM on CPU]")] = None,
+        help="Per-rank memory limit: a size (20GiB) or a fraction (0.8) (default: 90% of GPU "
+             "memory, 80% of available RAM on CPU)")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="Directory for the profile and trial logs [default: studies/<study>]")] = None,
+        help="Directory for the profile and trial logs (default: studies/<study>)")] = None,
     seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
     trial_timeout: Annotated[str, typer.Option(
         help="Hard limit per trial (process start to exit)")] = "180s",
