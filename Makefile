@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup run test lint check
+.PHONY: setup run test test-gpu lint
 
 # Create the virtual environment. torch is installed only when missing, pinned to 2.13.0 then
 # (a CPU wheel where one is available locally; elsewhere the normal build), so a GPU user's own
@@ -25,4 +25,8 @@ lint: setup
 	$(BIN)/mypy autotune
 
 test: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu"
+
+# On a machine with CUDA GPUs (scripts/gpu_check.sh runs this too).
+test-gpu: setup
+	$(BIN)/python -m pytest -q -m "gpu or multi_gpu"

@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.measurement import RESULT_SCHEMA, median_and_cv
+from autotune.errors import one_line
+from autotune.measurement import RESULT_SCHEMA, is_oom, median_and_cv
 
 DEFAULT_MEASURE = {
     "min_window_s": 1.0,
@@ -85,19 +86,6 @@ def _tie_to_tuner() -> None:
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True, name="autotune-parent-watch").start()
-
-
-def _is_oom(exc: BaseException) -> bool:
-    """accelerate's should_reduce_batch_size idea: recognise OOM by type and by message."""
-    if isinstance(exc, MemoryError):
-        return True
-    name = type(exc).__name__
-    text = str(exc)
-    # A loader worker killed by the kernel's OOM killer surfaces as this RuntimeError.
-    return name == "OutOfMemoryError" or any(
-        s in text for s in ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
-                            "killed by signal: Killed")
-    )
 
 
 def _to_device(batch: Any, device: Any, non_blocking: bool) -> Any:
@@ -190,9 +178,8 @@ def run(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - the trial reports every failure as data
         if isinstance(exc, KeyboardInterrupt):
             raise
-        result["status"] = "oom" if _is_oom(exc) else "error"
-        result["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}" \
-            if str(exc).strip() else type(exc).__name__
+        result["status"] = "oom" if is_oom(exc) else "error"
+        result["reason"] = one_line(exc)
         traceback.print_exc(file=sys.stderr)
     with contextlib.suppress(Exception):
         result["peak_memory_bytes"] = memory.peak()

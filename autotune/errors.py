@@ -7,6 +7,12 @@ Usage errors (bad flags, bad files) exit with 2, runtime errors with 1.
 from __future__ import annotations
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``: how a caught exception is reported in one line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
+
+
 class AutotuneError(Exception):
     """A failure the user can act on; the CLI prints it as one line and exits with ``exit_code``."""
 

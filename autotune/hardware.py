@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -252,3 +253,24 @@ def memory_limit(spec: str | None, hw: Hardware) -> int:
     if limit < 2**20:
         raise UsageError(f"--memory-limit {spec} is below 1 MiB; did you mean {spec}GiB?")
     return limit
+
+
+def process_identity() -> dict[str, Any]:
+    """This process on this machine: host, pid and start time (a pid alone can be reused)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": psutil.Process().create_time()}
+
+
+def process_alive(identity: dict[str, Any]) -> bool:
+    """Whether the process of ``identity`` (from this host) still runs; unknown counts as alive."""
+    pid, started = identity.get("pid"), identity.get("started")
+    if not isinstance(pid, int):
+        return True  # leave it to the heartbeat
+    try:
+        return abs(psutil.Process(pid).create_time() - float(started or 0)) < 1.0
+    except (psutil.Error, TypeError, ValueError):
+        return False
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -96,19 +96,22 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _read_windows(path: str) -> list[dict[str, Any]]:
+def _read_events(path: str) -> list[dict[str, Any]]:
+    """The trial's progress events so far: whole lines only (the last may be half written)."""
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text().split("\n")[:-1]
     except OSError:
         return []
-    windows = []
+    events = []
     for line in lines:
         with contextlib.suppress(json.JSONDecodeError):
-            event = json.loads(line)
-            if event.get("event") == "window":
-                windows.append({k: event[k] for k in ("samples", "seconds", "data_wait_s")})
-    return windows
+            events.append(json.loads(line))
+    return events
 
+
+def _read_windows(path: str) -> list[dict[str, Any]]:
+    return [{k: e[k] for k in ("samples", "seconds", "data_wait_s")}
+            for e in _read_events(path) if e.get("event") == "window"]
 
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
             poll_s: float = 0.1) -> RawResult:
@@ -168,7 +171,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         returncode=proc.returncode, timed_out=timed_out, result=result,
         stderr_tail=data[-STDERR_TAIL_BYTES:].decode(errors="replace"),
         wall_s=time.monotonic() - start, tree_peak_bytes=peak,
-        killed_for_memory=killed_for_memory, interrupted=interrupted, timeout_s=p.timeout_s,
+        killed_for_memory=killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
+        interrupted=interrupted, timeout_s=p.timeout_s,
         partial_windows=_read_windows(p.progress_path) if timed_out else [],
     )
 
@@ -194,13 +198,7 @@ def _pgid(pid: int) -> int | None:
 
 
 def _forward_events(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:
-    try:
-        # Only whole lines: the last one may still be being written.
-        lines = Path(path).read_text().split("\n")[:-1]
-    except OSError:
-        return seen
-    for line in lines[seen:]:
-        with contextlib.suppress(json.JSONDecodeError):
-            on_event(json.loads(line))
-    return len(lines)
-
+    events = _read_events(path)
+    for event in events[seen:]:
+        on_event(event)
+    return max(seen, len(events))

@@ -17,13 +17,27 @@ from typing import Any
 RESULT_SCHEMA = "autotune.trial/v1"
 STATUSES = ("ok", "oom", "timeout", "error")
 
-# What allocators print when memory runs out: CUDA's caching allocator, the CPU allocator, Python.
+# What allocators print when memory runs out: CUDA's caching allocator, the CPU allocator, Python,
+# and the DataLoader when the kernel's OOM killer took one of its workers.
 _OOM_PATTERNS = re.compile(
     r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory|"
     r"\bMemoryError\b|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|out of memory|"
     r"DataLoader worker \(pid.*killed by signal: Killed",
     re.IGNORECASE,
 )
+
+# Why a trial ended when it did not simply finish (Measurement.ended_by).
+INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
+BUDGET = "budget"  # the run's --timeout: not a result, measured again by the next run
+TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit
+TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its budget
+MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
+
+
+def is_oom(exc: BaseException) -> bool:
+    """accelerate's should_reduce_batch_size idea: recognise OOM by type and by message."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" \
+        or bool(_OOM_PATTERNS.search(str(exc)))
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,7 @@ class RawResult:
     wall_s: float
     tree_peak_bytes: int = 0  # peak memory of the trial's process tree, sampled by the launcher
     killed_for_memory: bool = False  # the launcher ended it for passing the memory limit
+    memory_limit_bytes: int | None = None  # the limit the launcher enforced (CPU), if any
     interrupted: bool = False
     timeout_s: float = 0.0
     partial_windows: list[dict[str, Any]] = field(default_factory=list)
@@ -62,6 +77,12 @@ class Measurement:
     # From an incomplete measurement (a timeout): partial windows, or the first (slowest) step.
     # Never used as a result; it tells the sampler roughly where a too-slow config stood.
     rough_samples_per_sec: float | None = None
+    ended_by: str | None = None  # one of the constants above, None when it simply finished
+
+    @property
+    def is_result(self) -> bool:
+        """False when the run, not the config, ended the trial: it is retried, not recorded."""
+        return self.ended_by not in (INTERRUPTED, BUDGET)
 
     @property
     def ok(self) -> bool:
@@ -153,10 +174,10 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
                                   stderr_tail=raw.stderr_tail)
 
     if raw.interrupted:
-        return Measurement("error", "interrupted by the user", **common)
+        return Measurement("error", "interrupted by the user", ended_by=INTERRUPTED, **common)
     if raw.killed_for_memory:
         return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
-                           **common)
+                           ended_by=MEMORY_LIMIT, **common)
     if raw.timed_out:
         partial = raw.partial_windows
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
@@ -164,8 +185,8 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
             med, cv, breakdown = _from_windows(partial)
             reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
             return Measurement("timeout", reason, windows=partial, breakdown=breakdown,
-                               rough_samples_per_sec=med, **common)
-        return Measurement("timeout", reason, **common)
+                               rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
+        return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
     if doc is not None:
         problems = check_result(doc)
         if problems:
@@ -177,8 +198,15 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
                                windows=doc.get("windows") or [], timings=doc.get("timings") or {},
                                warmup=doc.get("warmup") or {},
                                rough_samples_per_sec=rough if isinstance(rough, float) else None,
-                               **common)
+                               ended_by=TOO_SLOW if status == "timeout" else None, **common)
         med, cv, breakdown = _from_windows(doc["windows"])
+        limit = raw.memory_limit_bytes
+        if limit and peak > limit:
+            # Passed the limit between two of the launcher's samples and finished anyway: the
+            # same outcome as being caught, an OOM (the windows are kept for the record).
+            return Measurement("oom", f"peak memory {peak / 2**30:.2f} GiB passed the memory "
+                               f"limit of {limit / 2**30:.2f} GiB", windows=doc["windows"],
+                               timings=doc.get("timings") or {}, ended_by=MEMORY_LIMIT, **common)
         fps = doc.get("flops_per_sample")
         return Measurement(
             "ok", None, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],

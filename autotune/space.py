@@ -299,17 +299,20 @@ def _narrow_range(name: str, domain: IntRange, hw: Hardware, world_size: int, ba
                   removed: dict[str, list[tuple[Any, str]]]) -> IntRange:
     """Clip an integer range to the values this hardware can run, and widen it to hold the
     baseline's value (a range must stay a range: it cannot have holes)."""
-    knob = KNOBS[name]
     values = range(domain.low, domain.high + 1, domain.step)
     if len(values) <= 4096:
-        keep = [v for v in values if not knob.value_ok(v, hw, world_size)]
-        dropped = [v for v in values if knob.value_ok(v, hw, world_size)]
-        if dropped:
-            why = knob.value_ok(dropped[0], hw, world_size)
-            removed.setdefault(name, []).append((f"{dropped[0]}..{dropped[-1]}", str(why)))
+        why = {v: KNOBS[name].value_ok(v, hw, world_size) for v in values}
+        keep = [v for v in values if not why[v]]
+        dropped = [v for v in values if why[v]]
         if not keep:
             raise UsageError(f"knob {name} has no value this hardware can run "
-                             f"({removed.get(name)}); change its range")
+                             f"({why[values[0]]}); change its range")
+        if any(keep[0] < v < keep[-1] for v in dropped):
+            raise UsageError(f"knob {name}: this hardware cannot run values inside the range "
+                             f"{domain.low}..{domain.high}; list the values as choices instead")
+        if dropped:
+            removed.setdefault(name, []).append(
+                (f"{dropped[0]}..{dropped[-1]}", str(why[dropped[0]])))
         domain = replace(domain, low=keep[0], high=keep[-1])
     if base is not None and not domain.contains(base):
         if (base - domain.low) % domain.step:

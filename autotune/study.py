@@ -11,8 +11,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
-import socket
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -27,9 +25,24 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import launch
 from autotune.errors import AutotuneError, StorageError, UsageError
-from autotune.hardware import Hardware, detect, format_bytes, memory_limit
+from autotune.hardware import (
+    Hardware,
+    detect,
+    format_bytes,
+    hostname,
+    memory_limit,
+    process_alive,
+    process_identity,
+)
 from autotune.knobs import Config
-from autotune.measurement import Measurement, classify
+from autotune.measurement import (
+    BUDGET,
+    INTERRUPTED,
+    TOO_SLOW,
+    TRIAL_TIMEOUT,
+    Measurement,
+    classify,
+)
 from autotune.profile import fingerprint_diff
 from autotune.results import (
     TrialView,
@@ -265,13 +278,13 @@ class Runner:
 
     def _recover_dead_trials(self) -> None:
         """Fail and retry RUNNING trials whose tuner process on this host is gone."""
-        host = socket.gethostname()
+        host = hostname()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = RetryHeartbeatStaleTrialCallback(max_retry=2)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = t.user_attrs.get("worker") or {}
-            if owner.get("host") != host or _alive(owner.get("pid"), owner.get("started")):
+            if owner.get("host") != host or process_alive(owner):
                 continue
             # A finished trial's attributes are frozen: mark it first, then fail it, then retry.
             # Another tuner may be recovering the same trial: whoever fails it first retries it.
@@ -371,7 +384,7 @@ class Runner:
             config = self.space.suggest(trial, self.baseline)
             is_baseline = bool(trial.user_attrs.get("baseline"))
             trial.set_user_attr("config", config.to_dict())
-            trial.set_user_attr("worker", _worker())
+            trial.set_user_attr("worker", process_identity())
             done = len(measured(recorded(self.study)))
             cut = remaining is not None and remaining < self.opts.trial_timeout_s
             timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
@@ -386,19 +399,19 @@ class Runner:
                 trial.set_user_attr("measure_settings", self._measure_settings())
                 m = self._measure(trial, config, timeout)
                 m = self._remeasure_if_promising(trial, config, m, remaining)
-                if cut and m.status == "timeout" and (m.reason or "").startswith("killed at") \
-                        and not trial.user_attrs.get("budget_cut"):
+                if cut and m.ended_by == TRIAL_TIMEOUT and not trial.user_attrs.get("budget_cut"):
                     # The run's budget ended this trial, not the config's speed: not a result,
                     # measured again once by the next run (twice cut: it is a real timeout).
-                    m = replace(m, status="error", reason="stopped by the run's --timeout")
+                    m = replace(m, status="error", reason="stopped by the run's --timeout",
+                                ended_by=BUDGET)
             self._record(trial, config, m)
             told = True
-            if m.reason == "interrupted by the user":
+            if m.ended_by == INTERRUPTED:
                 raise KeyboardInterrupt
             self._export()
             trials = recorded(self.study)
             best = pick_best(trials, self.limit)
-            if m.reason != "stopped by the run's --timeout":
+            if m.is_result:
                 self.reporter.trial_finished(
                     view(self.study._storage.get_trial(trial._trial_id)),
                     view(best) if best else None)
@@ -431,8 +444,7 @@ class Runner:
         a measuring budget sized for ordinary steps."""
         best = pick_best(recorded(self.study), self.limit)
         rough = m.rough_samples_per_sec
-        if m.status != "timeout" or not rough or best is None or not m.reason \
-                or not m.reason.startswith("one optimizer step"):
+        if m.ended_by != TOO_SLOW or not rough or best is None:
             return m
         if rough <= best.user_attrs["measurement"]["samples_per_sec"]:
             return m
@@ -466,13 +478,13 @@ class Runner:
         trial.set_user_attr("measurement", data)
         trial.set_user_attr("memory_limit_bytes", self.limit)
         trial.set_user_attr("overhead_share", m.overhead_share())
-        if m.reason in ("interrupted by the user", "stopped by the run's --timeout"):
+        if not m.is_result:
             # Not a result: not counted, and measured again by the next run.
             trial.set_user_attr("interrupted", True)
             self.study.tell(trial, state=TrialState.FAIL)
             self.study.enqueue_trial(trial.params, user_attrs={
                 "retry_of": trial.number, "baseline": bool(trial.user_attrs.get("baseline")),
-                "budget_cut": m.reason == "stopped by the run's --timeout"})
+                "budget_cut": m.ended_by == BUDGET})
             return
         if m.status in ("ok", "oom"):
             # <= 0 is feasible. An OOM is infeasible whatever peak was sampled before it died.
@@ -518,24 +530,6 @@ def _shortest_useful_trial(trials: list[FrozenTrial]) -> float:
                    if t.user_attrs.get("status") == "ok"
                    and t.user_attrs.get("reused_from") is None)
     return max(5.0, 0.5 * walls[len(walls) // 2]) if walls else 5.0
-
-
-def _worker() -> dict[str, Any]:
-    import psutil
-
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": psutil.Process().create_time()}
-
-
-def _alive(pid: Any, started: Any) -> bool:
-    import psutil
-
-    if not isinstance(pid, int):
-        return True  # unknown owner: leave it to the heartbeat
-    try:
-        return abs(psutil.Process(pid).create_time() - float(started)) < 1.0
-    except (psutil.Error, TypeError, ValueError):
-        return False
 
 
 def _duration(seconds: float) -> str:

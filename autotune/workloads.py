@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune import _data_dir
-from autotune.errors import WorkloadError
+from autotune.errors import WorkloadError, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -117,14 +117,9 @@ def _load_file(path: Path, module_name: str) -> Any:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise WorkloadError(f"workload file {path} fails to import: {_first_line(exc)}; "
+        raise WorkloadError(f"workload file {path} fails to import: {one_line(exc)}; "
                             "fix the file (run `python` on it to see the traceback)") from None
     return module
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _builder(spec: str) -> Callable[..., Any]:
@@ -151,7 +146,7 @@ def _builder(spec: str) -> Callable[..., Any]:
                                 "check PYTHONPATH or pass a .py file") from None
         except Exception as exc:
             raise WorkloadError(f"workload module {target!r} fails to import: "
-                                f"{_first_line(exc)}; fix the module") from None
+                                f"{one_line(exc)}; fix the module") from None
     else:
         raise WorkloadError(f"unknown model {spec!r}; built-in workloads: "
                             f"{', '.join(builtins)}; or pass pkg.module:function or a .py file")
@@ -180,7 +175,7 @@ def resolve(spec: str, params: Mapping[str, Any] | None = None) -> Workload:
     except (TypeError, ValueError) as exc:
         raise WorkloadError(f"workload {spec} rejected its params {params}: {exc}") from None
     except Exception as exc:
-        raise WorkloadError(f"workload {spec}'s builder failed: {_first_line(exc)}; "
+        raise WorkloadError(f"workload {spec}'s builder failed: {one_line(exc)}; "
                             "build() must only create the workload object") from None
     missing = [m for m in ("build_model", "build_dataset", "build_optimizer", "loss")
                if not callable(getattr(workload, m, None))]

@@ -6,7 +6,7 @@ set -uo pipefail
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-python3 -m pytest -q -m gpu tests/test_gpu.py > "$OUT/gpu-tests.log" 2>&1
+python3 -m pytest -q -m "gpu or multi_gpu" > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests rc=$?" | tee -a "$OUT/summary.txt"
 mkdir -p "$OUT/run" && cd "$OUT/run" || exit 1
 timeout 420 python3 -m autotune run --model bert --trials 8 --trial-seconds 20 \

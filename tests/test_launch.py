@@ -125,7 +125,11 @@ def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
     gone, alive = psutil.wait_procs(trial, timeout=10)
     assert not alive
     child = int(pid_file.read_text())
-    time.sleep(1.5)  # the grandchild's group is killed by the trial's parent watch
+    # The grandchild goes with the trial's process group (SIGTERM handler or parent watch).
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != "zombie" \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
 
 

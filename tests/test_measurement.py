@@ -4,7 +4,18 @@ from typing import Any
 
 import pytest
 
-from autotune.measurement import RESULT_SCHEMA, RawResult, check_result, classify, median_and_cv
+from autotune.measurement import (
+    INTERRUPTED,
+    MEMORY_LIMIT,
+    RESULT_SCHEMA,
+    TOO_SLOW,
+    TRIAL_TIMEOUT,
+    RawResult,
+    check_result,
+    classify,
+    is_oom,
+    median_and_cv,
+)
 
 
 def ok_doc(**extra: Any) -> dict[str, Any]:
@@ -37,6 +48,13 @@ def test_ok_uses_the_median_window_and_splits_step_time() -> None:
     assert m.overhead_share() == pytest.approx(1 - 2.3 / 10.0)
 
 
+def test_a_finished_trial_over_the_limit_is_an_oom_even_if_no_sample_caught_it() -> None:
+    m = classify(raw(result=ok_doc(peak_memory_bytes=3 * 2**30), memory_limit_bytes=2**30))
+    assert m.status == "oom" and m.ended_by == MEMORY_LIMIT and len(m.windows) == 3
+    assert "peak memory 3.00 GiB passed the memory limit of 1.00 GiB" in (m.reason or "")
+    assert classify(raw(result=ok_doc(), memory_limit_bytes=2**30)).ok
+
+
 def test_cuda_peak_is_the_device_figure_not_host_rss() -> None:
     assert classify(raw(result=ok_doc(), tree_peak_bytes=5000), "cuda").peak_memory_bytes == 1000
 
@@ -63,6 +81,27 @@ def test_outcomes(kw: dict[str, Any], status: str, reason: str) -> None:
     m = classify(raw(**kw))
     assert m.status == status
     assert reason in (m.reason or "")
+
+
+@pytest.mark.parametrize(("kw", "ended_by", "is_result"), [
+    (dict(interrupted=True, returncode=-9), INTERRUPTED, False),
+    (dict(killed_for_memory=True, returncode=-9), MEMORY_LIMIT, True),
+    (dict(timed_out=True, returncode=-9), TRIAL_TIMEOUT, True),
+    (dict(result={"schema": RESULT_SCHEMA, "status": "timeout", "peak_memory_bytes": 1}),
+     TOO_SLOW, True),
+    (dict(result=ok_doc()), None, True),
+])
+def test_why_a_trial_ended_is_typed(kw: dict[str, Any], ended_by: str | None,
+                                    is_result: bool) -> None:
+    m = classify(raw(**kw))
+    assert m.ended_by == ended_by and m.is_result is is_result
+
+
+def test_oom_is_recognised_by_type_and_message() -> None:
+    assert is_oom(MemoryError())
+    assert is_oom(RuntimeError("DataLoader worker (pid 12) is killed by signal: Killed."))
+    assert is_oom(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory"))
+    assert not is_oom(ValueError("shapes do not match"))
 
 
 def test_timeout_keeps_partial_windows_as_a_rough_hint_only() -> None:

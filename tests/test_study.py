@@ -89,7 +89,7 @@ def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir
     assert oom.user_attrs["measurement"]["peak_memory_bytes"] > 700 * 2**20
     assert fits.params["micro_batch_size"] == 1  # the study went on after the OOM
     assert fits.user_attrs["status"] == "ok" and fits.constraints["memory"] <= 0
-    assert "oom: process tree passed the memory limit" in result.stdout
+    assert "passed the memory limit" in result.stdout
     assert "no speedup is claimed" in (workdir / "studies").joinpath(
         load(DB).study_name, "profile.yaml").read_text()
 
