@@ -149,8 +149,9 @@ class ConsoleReporter:
         ran = [t for t in summary.trials if t.reused_from is None]
         counts = Counter(t.status for t in ran)
         repeats = len(summary.trials) - len(ran)
-        p(f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study "
-          f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+        outcomes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        p(f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study"
+          + (f" ({outcomes})" if outcomes else "")
           + (f" and {repeats} repeated config(s) not re-run" if repeats else "")
           + f"; this run took {summary.wall_s / 60:.1f} min")
         if summary.best is None:
