@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import one_line
-from autotune.measurement import RESULT_SCHEMA, is_oom, median_and_cv
+from autotune.measurement import RESULT_SCHEMA, is_oom, median_and_cv, merge_ranks
 
 DEFAULT_MEASURE = {
     "min_window_s": 1.0,
@@ -45,6 +45,9 @@ DEFAULT_MEASURE = {
     "warmup_min_steps": 2,
     "warmup_max_steps": 8,
     "warmup_tolerance": 0.15,
+    # All-reduce on every micro-step instead of only the last (no no_sync): for benchmarks that
+    # show what no_sync gains; never searched.
+    "sync_each_micro": False,
 }
 
 
@@ -66,26 +69,174 @@ class Progress:
 
 
 def _tie_to_tuner() -> None:
-    """End this trial's whole process group if the tuner dies, so no orphan holds a device.
+    """End this trial's process group if the tuner or this process's parent dies, so no orphan
+    holds a device.
 
-    Two ways in: SIGTERM, which Linux sends when the parent exits (PR_SET_PDEATHSIG, set here
-    rather than in a preexec_fn, which is unsafe in a tuner with threads), and, for a main thread
-    stuck in native code, a thread that notices the parent change.
+    A single-rank trial's parent is the tuner; a rank's parent is torchrun's agent, which starts
+    each rank in a session of its own. Three ways in: SIGTERM, which Linux sends when the parent
+    exits (PR_SET_PDEATHSIG, set here rather than in a preexec_fn, which is unsafe in a tuner with
+    threads) and which torchrun's agent sends to tear the ranks down; and, for a main thread stuck
+    in native code, a thread that notices the parent change or the tuner's end.
     """
     signal.signal(signal.SIGTERM, lambda signum, frame: os.killpg(os.getpgrp(), signal.SIGKILL))
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    parent = int(os.environ.get("AUTOTUNE_TUNER_PID", os.getppid()))
-    if os.getppid() != parent:  # the tuner died before the tie was made
+    parent = os.getppid()
+    tuner = int(os.environ.get("AUTOTUNE_TUNER_PID", parent))
+
+    def orphaned() -> bool:
+        return os.getppid() != parent or not _alive(tuner)
+
+    if orphaned():  # the tuner died before the tie was made
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     def watch() -> None:
         while True:
             time.sleep(0.5)
-            if os.getppid() != parent:
+            if orphaned():
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True, name="autotune-parent-watch").start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: only its exit status is left)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+class Ranks:
+    """This process's place in the trial: alone (world size 1), or one of WORLD_SIZE ranks
+    started by torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE.
+
+    Ranks must take every decision together (when warm-up ends, when to stop measuring), or one
+    would leave a collective the others still wait in. ``agree`` gives all of them the same
+    numbers to decide from: the maximum over ranks, i.e. the slowest rank's view.
+    """
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._device: Any = None
+
+    def start(self, device: Any) -> str | None:
+        """Join the process group (nccl on CUDA, gloo on CPU); returns the backend."""
+        self._device = device
+        if self.world == 1:
+            return None
+        import torch.distributed as dist
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend)
+        return backend
+
+    def agree(self, *values: float) -> list[float]:
+        """Each value's maximum over all ranks."""
+        if self.world == 1:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self._device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(v) for v in t.tolist()]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (on every rank)."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):  # a peer already gone changes nothing now
+                dist.barrier()
+
+
+class CommTimer:
+    """A DDP communication hook that all-reduces as DDP's default does (average of the bucket)
+    and measures how long the step waits for it.
+
+    DDP starts each bucket's all-reduce when its gradients are ready, overlapping the rest of the
+    backward pass; the last bucket is ready when the backward's compute is done. What the step
+    still waits after that moment is exposed communication: the latest all-reduce end minus the
+    last bucket's start. Host clocks on CPU; CUDA events on GPU (NCCL runs asynchronously to the
+    host), read at window edges, where the device is synchronised anyway.
+
+    It also counts all-reduces per micro-step index, which shows that accumulation syncs only on
+    the last micro-step (``no_sync`` on the others).
+    """
+
+    def __init__(self, world: int, cuda: bool) -> None:
+        self.world, self.cuda = world, cuda
+        self.micro = 0  # index of the micro-step running now, set by the loop
+        self.calls_by_micro: dict[int, int] = {}
+        self.last_step_buckets = 0
+        self._starts: list[Any] = []
+        self._ends: list[Any] = []
+        self._pending: list[tuple[Any, list[Any]]] = []
+        self._wait_s = 0.0
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def hook(self, state: Any, bucket: Any) -> Any:
+        import torch.distributed as dist
+
+        self.calls_by_micro[self.micro] = self.calls_by_micro.get(self.micro, 0) + 1
+        self._starts.append(self._mark())
+        tensor = bucket.buffer()
+        tensor.div_(self.world)
+        future = dist.all_reduce(tensor, async_op=True).get_future()
+
+        def done(f: Any) -> Any:
+            self._ends.append(self._mark())
+            return f.value()[0]
+
+        return future.then(done)
+
+    def end_step(self) -> None:
+        """Called after a step's last backward: DDP has waited for every bucket by then."""
+        if self._starts and self._ends:
+            self.last_step_buckets = len(self._starts)
+            if self.cuda:
+                self._pending.append((self._starts[-1], list(self._ends)))
+            else:
+                self._wait_s += max(0.0, max(self._ends) - self._starts[-1])
+        self._starts, self._ends = [], []
+
+    def take_wait(self) -> float:
+        """Seconds of exposed communication since the last call (device synchronised)."""
+        for start, ends in self._pending:
+            self._wait_s += max(0.0, max(start.elapsed_time(e) for e in ends) / 1000.0)
+        self._pending = []
+        wait, self._wait_s = self._wait_s, 0.0
+        return wait
 
 
 def _to_device(batch: Any, device: Any, non_blocking: bool) -> Any:
@@ -148,38 +299,49 @@ def _nvml_process_bytes(device: Any) -> int:
     return 0
 
 
-def _batches(make_loader: Callable[[], Any]) -> Iterator[Any]:
+def _batches(loader: Any, sampler: Any = None) -> Iterator[Any]:
     """An endless stream of batches: a new epoch (a new loader iterator) when one ends."""
-    loader = make_loader()
+    epoch = 0
     while True:
+        if sampler is not None:
+            sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
         yield from loader
+        epoch += 1
 
 
-def run(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Build the workload for the config and measure it; returns the result document."""
+def run(spec: dict[str, Any], progress: Progress, ranks: Ranks | None = None) -> dict[str, Any]:
+    """Build the workload for the config and measure it; returns this rank's result document.
+
+    A failure is reported as data; ``failed_at`` marks one this rank hit on its own (an
+    exception), as opposed to an outcome all ranks agreed on (too slow to measure).
+    """
     t_enter = time.time()
     import torch
 
     from autotune.knobs import Config
     from autotune.workloads import resolve
 
+    ranks = ranks or Ranks()
     config = Config.from_dict(spec["config"])
     measure = {**DEFAULT_MEASURE, **spec.get("measure", {})}
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
+    device = torch.device("cuda", ranks.local_rank) \
         if spec["device"] == "cuda" else torch.device("cpu")
     memory = Memory(device)
     timings: dict[str, float] = {"imports_s": time.time() - t_enter}
     result: dict[str, Any] = {"schema": RESULT_SCHEMA, "status": "error", "reason": None,
                               "windows": [], "timings": timings, "memory_source": memory.source,
                               "device": device.type, "torch_version": torch.__version__,
-                              "threads": torch.get_num_threads(), "peak_memory_bytes": 0}
+                              "threads": torch.get_num_threads(), "peak_memory_bytes": 0,
+                              "rank": ranks.rank, "world_size": ranks.world}
     try:
-        _measure(spec, config, measure, device, memory, timings, result, progress, resolve)
+        _measure(spec, config, measure, device, memory, timings, result, progress, resolve,
+                 ranks)
     except BaseException as exc:  # noqa: BLE001 - the trial reports every failure as data
         if isinstance(exc, KeyboardInterrupt):
             raise
         result["status"] = "oom" if is_oom(exc) else "error"
         result["reason"] = one_line(exc)
+        result["failed_at"] = time.time()
         traceback.print_exc(file=sys.stderr)
     with contextlib.suppress(Exception):
         result["peak_memory_bytes"] = memory.peak()
@@ -188,8 +350,10 @@ def run(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
 def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device: Any,
              memory: Memory, timings: dict[str, float], result: dict[str, Any],
-             progress: Progress, resolve: Callable[..., Any]) -> None:
+             progress: Progress, resolve: Callable[..., Any], ranks: Ranks) -> None:
     import torch
+
+    from autotune.knobs import ddp_kwargs
 
     t0 = time.time()
     torch.manual_seed(0)
@@ -202,14 +366,35 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
         memory.reset()
+    result["backend"] = ranks.start(device)
     workload = resolve(spec["workload"]["spec"], spec["workload"].get("params", {}))
-    model = workload.build_model().to(device)
-    model.train()
-    optimizer = workload.build_optimizer(model)
+    module = workload.build_model().to(device)
+    module.train()
+    optimizer = workload.build_optimizer(module)
+    model: Any = module
+    comm: CommTimer | None = None
+    if ranks.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        kwargs = ddp_kwargs(config)
+        model = DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
+        comm = CommTimer(ranks.world, device.type == "cuda")
+        # DDP checks a hook's annotations against its own types: register an unannotated one.
+        model.register_comm_hook(None, lambda state, bucket: comm.hook(state, bucket))
+        result["ddp"] = {"kwargs": kwargs,
+                         "bucket_cap_bytes": int(getattr(model, "bucket_bytes_cap", 0))}
     dataset = workload.build_dataset()
+    sampler: Any = None
+    if ranks.world > 1:
+        # Each rank reads its own shard; drop_last keeps the ranks' step counts equal.
+        sampler = torch.utils.data.DistributedSampler(
+            dataset, num_replicas=ranks.world, rank=ranks.rank, shuffle=True, seed=0,
+            drop_last=True)
     loader_kwargs: dict[str, Any] = dict(
-        batch_size=config.micro_batch_size, shuffle=True, drop_last=True,
-        num_workers=config.num_workers, pin_memory=config.pin_memory and device.type == "cuda",
+        batch_size=config.micro_batch_size, shuffle=sampler is None, sampler=sampler,
+        drop_last=True, num_workers=config.num_workers,
+        pin_memory=config.pin_memory and device.type == "cuda",
         collate_fn=getattr(workload, "collate_fn", None),
         generator=torch.Generator().manual_seed(0))
     if config.num_workers > 0:
@@ -217,12 +402,14 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
     loader = torch.utils.data.DataLoader(dataset, **loader_kwargs)
     if len(loader) == 0:
         raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one micro-batch "
-                         f"of {config.micro_batch_size}; make the dataset larger")
-    batches = _batches(lambda: loader)
+                         f"of {config.micro_batch_size} per rank; make the dataset larger")
+    batches = _batches(loader, sampler)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
     # GradScaler only for fp16 on CUDA: bf16 has fp32's range and needs no loss scaling.
     scaler = torch.amp.GradScaler("cuda", enabled=config.amp == "fp16" and device.type == "cuda")
     non_blocking = bool(loader_kwargs["pin_memory"])
+    sync_each_micro = bool(measure.get("sync_each_micro"))
+    rank_samples_per_step = config.micro_batch_size * config.grad_accum_steps
 
     def sync() -> None:
         if device.type == "cuda":
@@ -230,7 +417,8 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
 
     def step(after_micro: Callable[[int], None] | None = None) -> float:
         """One optimizer step of grad_accum_steps micro-batches; returns seconds spent waiting
-        for data (next batch plus the host-to-device copy)."""
+        for data (next batch plus the host-to-device copy). Gradients are all-reduced on the
+        last micro-step only: the others run under DDP's no_sync."""
         wait = 0.0
         for micro in range(config.grad_accum_steps):
             if after_micro is not None and micro > 0:
@@ -238,10 +426,17 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
             t = time.perf_counter()
             batch = _to_device(next(batches), device, non_blocking)
             wait += time.perf_counter() - t
-            with torch.autocast(device.type, dtype=amp_dtype or torch.float32,
-                                enabled=amp_dtype is not None):
-                loss = workload.loss(model, batch) / config.grad_accum_steps
-            scaler.scale(loss).backward()
+            last = micro == config.grad_accum_steps - 1
+            quiet = comm is not None and not last and not sync_each_micro
+            if comm is not None:
+                comm.micro = micro
+            with model.no_sync() if quiet else contextlib.nullcontext():
+                with torch.autocast(device.type, dtype=amp_dtype or torch.float32,
+                                    enabled=amp_dtype is not None):
+                    loss = workload.loss(model, batch) / config.grad_accum_steps
+                scaler.scale(loss).backward()
+            if comm is not None and not quiet:
+                comm.end_step()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -250,25 +445,27 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
     timings["build_s"] = time.time() - t0
     progress.emit("built", build_s=timings["build_s"])
 
-    # Warm-up: whole steps, each synchronised, until step time settles.
+    # Warm-up: whole steps, each synchronised, until step time settles. Step times and the time
+    # spent are agreed over the ranks (the slowest counts), so all ranks decide alike.
     t_warm = time.time()
     step_times: list[float] = []
     ended_by = "max_steps"
     budget = measure["max_seconds"]
 
-    def check_fits(step_s: float, steps_done: int) -> None:
+    def check_fits(step_s: float, steps_done: int, elapsed: float) -> None:
         """A config whose warm-up and one window cannot fit the measuring budget is reported
         as too slow as soon as that is known, instead of burning the whole trial timeout.
         The first step carries one-time costs (lazy init, worker start-up, autotuning) and is
         measured up to ~1.6x a steady step here, so it is judged against twice the budget."""
         still = max(measure["warmup_min_steps"] - steps_done, 0) + 1
         allowed = (2.0 if steps_done <= 1 else 1.25) * budget
-        if time.time() - t_warm + still * step_s > allowed:
+        if elapsed + still * step_s > allowed:
             raise _TooSlow(step_s, config.samples_per_step / step_s)
 
     def first_micro(micro: int) -> None:
         sync()
-        check_fits((time.time() - t_warm) / micro * config.grad_accum_steps, 0)
+        (elapsed,) = ranks.agree(time.time() - t_warm)
+        check_fits(elapsed / micro * config.grad_accum_steps, 0, elapsed)
 
     try:
         while len(step_times) < measure["warmup_max_steps"]:
@@ -276,19 +473,20 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
             t = time.perf_counter()
             step(first_micro if not step_times else None)
             sync()
-            step_times.append(time.perf_counter() - t)
-            progress.emit("warmup_step", seconds=step_times[-1])
+            step_s, elapsed = ranks.agree(time.perf_counter() - t, time.time() - t_warm)
+            step_times.append(step_s)
+            progress.emit("warmup_step", seconds=step_s)
             if len(step_times) >= measure["warmup_min_steps"]:
                 a, b = step_times[-2], step_times[-1]
                 if abs(a - b) / max(a, b) <= measure["warmup_tolerance"]:
                     ended_by = "stable"
                     break
             else:
-                check_fits(step_times[-1], len(step_times))
+                check_fits(step_s, len(step_times), elapsed)
             # Past the minimum, long steps end warm-up by time; before it, never: the first step
             # carries start-up costs and is no measure of steady state.
             if len(step_times) >= measure["warmup_min_steps"] and \
-                    time.time() - t_warm > 0.4 * measure["max_seconds"]:
+                    elapsed > 0.4 * measure["max_seconds"]:
                 ended_by = "time"
                 break
     except _TooSlow as slow:
@@ -303,8 +501,11 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
     steps_per_window = max(1, math.ceil(measure["min_window_s"] / max(step_estimate, 1e-6)))
     result["warmup"] = {"steps": len(step_times), "seconds": timings["warmup_s"],
                         "ended_by": ended_by, "step_times_s": step_times}
+    if comm is not None:
+        comm.take_wait()  # warm-up's communication is not part of any window
 
-    # Timed windows, end to end (data loading included), synchronised only at their edges.
+    # Timed windows, end to end (data loading included), synchronised only at their edges. Each
+    # rank keeps its own windows; the stop rule reads the slowest rank's.
     t_measure = time.time()
     windows: list[dict[str, Any]] = result["windows"]
     rates: list[float] = []
@@ -314,27 +515,40 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
         wait = sum(step() for _ in range(steps_per_window))
         sync()
         seconds = time.perf_counter() - t
+        window = {"steps": steps_per_window, "samples": steps_per_window * rank_samples_per_step,
+                  "seconds": seconds, "data_wait_s": wait}
+        if comm is not None:
+            window["comm_wait_s"] = comm.take_wait()
+        windows.append(window)
+        slowest, elapsed = ranks.agree(seconds, time.time() - t_warm)
         samples = steps_per_window * config.samples_per_step
-        windows.append({"steps": steps_per_window, "samples": samples, "seconds": seconds,
-                        "data_wait_s": wait})
-        rates.append(samples / seconds)
-        progress.emit("window", index=len(windows) - 1, samples=samples, seconds=seconds,
-                      data_wait_s=wait, samples_per_sec=rates[-1])
+        rates.append(samples / slowest)
+        progress.emit("window", index=len(windows) - 1, samples=samples, seconds=slowest,
+                      data_wait_s=wait, comm_wait_s=window.get("comm_wait_s", 0.0),
+                      samples_per_sec=rates[-1])
         if len(rates) >= measure["min_windows"] and median_and_cv(rates)[1] <= measure["target_cv"]:
             break
         if len(rates) >= measure["max_windows"]:
             break
         # Stop when another window would run past the measuring budget, warm-up included
         # (but keep >= 1 window).
-        if time.time() - t_warm + seconds > measure["max_seconds"]:
+        if elapsed + slowest > measure["max_seconds"]:
             break
     timings["measure_s"] = time.time() - t_measure
-    med, cv = median_and_cv(rates)
-    result.update(status="ok", samples_per_sec=med, spread_cv=cv if len(rates) > 1 else None,
-                  step_time_s=sum(w["seconds"] for w in windows) / sum(w["steps"] for w in windows),
-                  steps_per_window=steps_per_window)
+    result.update(status="ok", steps_per_window=steps_per_window)
+    if comm is not None:
+        result["comm"] = {"calls_by_micro": {str(k): v for k, v in
+                                             sorted(comm.calls_by_micro.items())},
+                          "buckets_per_sync": comm.last_step_buckets,
+                          "sync_each_micro": sync_each_micro}
     fps = workload.flops_per_sample() if hasattr(workload, "flops_per_sample") else None
     result["flops_per_sample"] = float(fps) if fps else None
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)  # atomic: the tuner never reads half a result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,19 +562,29 @@ def main(argv: list[str] | None = None) -> int:
     limit = spec.get("address_space_bytes")
     if limit:  # before torch is imported, so every allocation counts against it
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    progress = Progress(args[2] if len(args) == 3 else None)
-    result = run(spec, progress)
+    ranks = Ranks()
+    progress = Progress(args[2] if len(args) == 3 and ranks.rank == 0 else None)
+    result = run(spec, progress, ranks)
     try:
         import psutil
 
         result["timings"]["process_start_to_end_s"] = time.time() - psutil.Process().create_time()
     except Exception:
         pass
-    tmp = Path(args[1] + ".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(args[1])  # atomic: the tuner never reads half a result
+    if ranks.world > 1 and "failed_at" in result:
+        # The other ranks may be stuck in a collective and cannot be gathered: leave this rank's
+        # report next to the result and exit non-zero, which makes torchrun end the group.
+        _write_json(f"{args[1]}.rank{ranks.rank}", result)
+        sys.stdout.flush()
+        os._exit(1)
+    docs = ranks.gather(result)
+    if ranks.rank == 0:
+        _write_json(args[1], merge_ranks(docs))
+    # No rank leaves before rank 0 has written: an early exit could cut the gather short.
+    ranks.barrier()
     sys.stdout.flush()
-    # Skip interpreter teardown (loader workers, CUDA): the result is written; exit now.
+    # Skip interpreter teardown (loader workers, CUDA, the process group): the result is
+    # written; exit now.
     os._exit(0)
 
 

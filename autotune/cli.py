@@ -99,9 +99,17 @@ def run(
     timeout: Annotated[str | None, typer.Option(
         help="Wall-time budget of this run, e.g. 10m (default: 12m when --trials is not given)")
     ] = None,
+    nproc: Annotated[int | None, typer.Option(
+        help="Ranks per trial, started through torchrun (nccl on GPUs, gloo on CPU) (default: "
+             "one per visible GPU, 1 on CPU)")] = None,
+    global_batch: Annotated[int | None, typer.Option(
+        help="Keep micro-batch x accumulation x ranks at this many samples per optimizer step "
+             "(accumulation is derived), so tuning never changes the training semantics")
+    ] = None,
     memory_limit: Annotated[str | None, typer.Option(
-        help="Per-rank memory limit: a size (20GiB) or a fraction (0.8) (default: 90% of GPU "
-             "memory, 80% of available RAM on CPU)")] = None,
+        help="Memory limit: a size (20GiB) or a fraction (0.8); per rank on GPUs, for all ranks "
+             "together on CPU, where they share the RAM (default: 90% of GPU memory, 80% of "
+             "available RAM on CPU)")] = None,
     out: Annotated[Path | None, typer.Option(
         help="Directory for the profile and trial logs (default: studies/<study>)")] = None,
     seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
@@ -132,7 +140,7 @@ def run(
         model=model, params=parse_params(param or []), space=space, storage=storage,
         study_name=study, trials=trials, timeout_s=parse_duration(timeout, "--timeout"),
         memory_limit=memory_limit, out_dir=out, seed=seed,
-        trial_timeout_s=hard,
+        trial_timeout_s=hard, nproc=nproc, global_batch=global_batch,
         measure={"max_seconds": trial_seconds, "min_window_s": window_seconds})
     _sigterm_as_interrupt()
     summary = run_study(opts, ConsoleReporter())

@@ -27,7 +27,13 @@ def short(config: Config) -> str:
     if config.pin_memory:
         parts.append("pinned")
     if config.world_size > 1:
-        parts += [f"bucket {config.ddp_bucket_cap_mb}MB", f"nccl {config.nccl_algo}"]
+        parts.append(f"{config.world_size} ranks, bucket {config.ddp_bucket_cap_mb}MB")
+        if config.ddp_gradient_as_bucket_view:
+            parts.append("grad views")
+        if config.ddp_static_graph:
+            parts.append("static graph")
+        if config.nccl_algo != "default" or config.nccl_proto != "default":
+            parts.append(f"nccl {config.nccl_algo}/{config.nccl_proto}")
     return ", ".join(parts)
 
 
@@ -74,7 +80,16 @@ class ConsoleReporter:
         p(f"  hardware     {info.hardware.describe()}")
         for note in info.hardware.notes:
             p(f"  note         {note}")
-        p(f"  memory limit {format_bytes(info.memory_limit_bytes)} per rank")
+        ranks = info.space.world_size
+        if ranks > 1:
+            backend = "nccl" if info.hardware.device == "cuda" else "gloo"
+            p(f"  ranks        {ranks} per trial (torchrun, {backend})")
+        if info.space.global_batch is not None:
+            p(f"  global batch {info.space.global_batch} samples per optimizer step, kept "
+              "fixed (--global-batch)")
+        scope = "per rank" if info.hardware.device == "cuda" or ranks == 1 else \
+            f"for the {ranks} ranks together (they share the RAM)"
+        p(f"  memory limit {format_bytes(info.memory_limit_bytes)} {scope}")
         p(f"  budget       {info.budget}")
         p(f"  outputs      {info.out_dir}")
         p(f"  search space {info.space.name} ({info.space.source}):")
@@ -158,22 +173,34 @@ class ConsoleReporter:
             p("no configuration has been measured successfully yet; no profile written")
             return
         table = Table(show_header=True, header_style="bold")
-        for col in ("", "config", "samples/s", "spread", "peak memory", "data wait", "compute"):
+        multi = summary.best.config.world_size > 1
+        cols = ["", "config", "samples/s", "spread", "peak memory", "data wait"]
+        cols += ["comm wait"] if multi else []
+        for col in (*cols, "compute"):
             table.add_column(col)
         rows = [("baseline", summary.baseline), ("best", summary.best)]
         for name, view in rows:
             if view is None:
-                table.add_row(name, "not measured", "-", "-", "-", "-", "-")
+                table.add_row(name, "not measured", *["-"] * (len(cols) - 1))
                 continue
             b = view.breakdown
+            shares = ["data_wait", "comm_wait", "compute"] if multi else ["data_wait", "compute"]
             table.add_row(name, short(view.config), f"{view.samples_per_sec:,.2f}",
                           "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
                           format_bytes(view.peak_memory_bytes),
-                          f"{b.get('data_wait', 0) * 100:.0f}%",
-                          f"{b.get('compute', 0) * 100:.0f}%")
+                          *(f"{b.get(k, 0) * 100:.0f}%" for k in shares))
         p(table)
         if summary.speedup is not None:
             p(f"speedup over the baseline: {summary.speedup:.2f}x")
+        if summary.baseline is not None:
+            before = summary.baseline.config.samples_per_step
+            after = summary.best.config.samples_per_step
+            if before != after:
+                p(f"effective batch: {before} -> {after} samples per optimizer step (micro x "
+                  "accumulation x ranks); scale the learning rate and schedule to match, or pass "
+                  "--global-batch to keep it")
+            else:
+                p(f"effective batch: unchanged at {after} samples per optimizer step")
         p(f"profile: {summary.profile_path}")
 
     def _eta_text(self) -> str:

@@ -16,7 +16,11 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
 
 AMP_MODES = ("off", "fp16", "bf16")
-NCCL_ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
+# NCCL_ALGO and NCCL_PROTO values, each with the first NCCL release that knows it (release notes:
+# Tree 2.4, LL128 2.5, CollNetDirect/CollNetChain 2.14, NVLS 2.17, NVLSTree 2.18, PAT 2.23).
+NCCL_ALGOS = {"Tree": (2, 4), "Ring": (0, 0), "CollNetDirect": (2, 14), "CollNetChain": (2, 14),
+              "NVLS": (2, 17), "NVLSTree": (2, 18), "PAT": (2, 23)}
+NCCL_PROTOS = {"LL": (0, 0), "LL128": (2, 5), "Simple": (0, 0)}
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,10 @@ class Config:
     grad_accum_steps: int = 1
     amp: str = "off"
     ddp_bucket_cap_mb: int = 25
+    ddp_gradient_as_bucket_view: bool = False
+    ddp_static_graph: bool = False
     nccl_algo: str = "default"
+    nccl_proto: str = "default"
     num_workers: int = 0
     pin_memory: bool = False
     prefetch_factor: int | None = None
@@ -42,6 +49,11 @@ class Config:
     def samples_per_step(self) -> int:
         """Global samples per optimizer step: micro-batch x accumulation x ranks."""
         return self.micro_batch_size * self.grad_accum_steps * self.world_size
+
+    @property
+    def samples_per_rank_step(self) -> int:
+        """Samples one rank processes per optimizer step."""
+        return self.micro_batch_size * self.grad_accum_steps
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,17 +94,51 @@ def _parse_bool(value: Any) -> bool:
     return value
 
 
-def _parse_nccl_algo(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"must be 'default' or one of {list(NCCL_ALGOS)}, got {value!r}")
-    if value.lower() == "default":
-        return "default"
-    canonical = {a.lower(): a for a in NCCL_ALGOS}
-    parts = [p.strip() for p in value.split(",")]
-    bad = [p for p in parts if p.lower() not in canonical]
-    if bad:
-        raise ValueError(f"must be 'default' or one of {list(NCCL_ALGOS)}, got {value!r}")
-    return ",".join(canonical[p.lower()] for p in parts)
+def _nccl_values(table: dict[str, tuple[int, int]], variable: str) -> Callable[[Any], str]:
+    """Parse 'default' or a comma-separated list of NCCL names, case-insensitively, into their
+    canonical spelling (NCCL itself is case-insensitive; the profile should read the same)."""
+    canonical = {name.lower(): name for name in table}
+
+    def parse(value: Any) -> str:
+        allowed = f"'default' or a comma-separated list of {list(table)}"
+        if not isinstance(value, str):
+            raise ValueError(f"{variable} must be {allowed}, got {value!r}")
+        if value.strip().lower() == "default":
+            return "default"
+        parts = [p.strip() for p in value.split(",")]
+        bad = [p for p in parts if p.lower() not in canonical]
+        if bad:
+            raise ValueError(f"{variable} must be {allowed}, got {value!r}")
+        return ",".join(canonical[p.lower()] for p in parts)
+
+    return parse
+
+
+def _nccl_version_ok(table: dict[str, tuple[int, int]],
+                     variable: str) -> Callable[[Any, Hardware, int], str | None]:
+    """A value NCCL in use does not know would fail every trial: drop it, saying why."""
+
+    def check(value: Any, hw: Hardware, world_size: int) -> str | None:
+        if value == "default" or not hw.nccl_version:
+            return None
+        have = tuple(int(x) for x in hw.nccl_version.split(".")[:2] if x.isdigit())
+        for name in value.split(","):
+            need = table[name]
+            if have < need:
+                return (f"{variable}={name} needs NCCL >= {need[0]}.{need[1]}; this torch has "
+                        f"NCCL {hw.nccl_version}")
+        return None
+
+    return check
+
+
+def ddp_accepts(name: str) -> bool:
+    """Whether the installed torch's DistributedDataParallel takes this keyword argument."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    return name in inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 def _needs_ranks(hw: Hardware, world_size: int) -> str | None:
@@ -107,6 +153,17 @@ def _needs_nccl(hw: Hardware, world_size: int) -> str | None:
     if world_size <= 1:
         return "NCCL knobs need more than one rank (world size 1)"
     return None
+
+
+def _needs_ddp_argument(argument: str) -> Callable[[Hardware, int], str | None]:
+    def check(hw: Hardware, world_size: int) -> str | None:
+        if world_size <= 1:
+            return "DDP is only used with more than one rank (world size 1)"
+        if not ddp_accepts(argument):
+            return f"this torch's DistributedDataParallel has no {argument} argument"
+        return None
+
+    return check
 
 
 def _needs_gpu(hw: Hardware, world_size: int) -> str | None:
@@ -142,8 +199,12 @@ class Knob:
     applies: Callable[[Hardware, int], str | None] = lambda hw, world: None
     # Returns why one value cannot run here, or None.
     value_ok: Callable[[Any, Hardware, int], str | None] = lambda value, hw, world: None
-    # Name of a knob that must be > 0 for this one to matter (prefetch needs workers).
-    only_when_positive: str | None = None
+    # A knob that only matters, or only works, for some values of another: (that knob, the
+    # test its value must pass, this knob's value otherwise). Prefetch needs loader workers.
+    when: tuple[str, Callable[[Any], bool], Any] | None = None
+
+    def active(self, values: Mapping[str, Any]) -> bool:
+        return self.when is None or self.when[1](values[self.when[0]])
 
 
 KNOBS: dict[str, Knob] = {
@@ -155,13 +216,26 @@ KNOBS: dict[str, Knob] = {
              value_ok=_amp_value),
         Knob("ddp_bucket_cap_mb", "DDP gradient bucket size in MB", _int_at_least(1),
              applies=_needs_ranks),
-        Knob("nccl_algo", "NCCL_ALGO for the ranks; default lets NCCL decide", _parse_nccl_algo,
-             applies=_needs_nccl),
+        Knob("ddp_gradient_as_bucket_view", "DDP gradients as views into the buckets "
+             "(saves a copy and memory)", _parse_bool,
+             applies=_needs_ddp_argument("gradient_as_bucket_view")),
+        # static_graph with no_sync accumulation crashes in DDP's reducer, and once that is
+        # patched stops all-reducing (pytorch PR 187732): only without accumulation.
+        Knob("ddp_static_graph", "DDP static_graph: the same parameters get gradients every "
+             "step (only without accumulation)", _parse_bool,
+             applies=_needs_ddp_argument("static_graph"),
+             when=("grad_accum_steps", lambda accum: accum == 1, False)),
+        Knob("nccl_algo", "NCCL_ALGO for the ranks; default lets NCCL decide",
+             _nccl_values(NCCL_ALGOS, "NCCL_ALGO"), applies=_needs_nccl,
+             value_ok=_nccl_version_ok(NCCL_ALGOS, "NCCL_ALGO")),
+        Knob("nccl_proto", "NCCL_PROTO for the ranks; default lets NCCL decide",
+             _nccl_values(NCCL_PROTOS, "NCCL_PROTO"), applies=_needs_nccl,
+             value_ok=_nccl_version_ok(NCCL_PROTOS, "NCCL_PROTO")),
         Knob("num_workers", "DataLoader worker processes per rank", _int_at_least(0),
              value_ok=_workers_value),
         Knob("pin_memory", "DataLoader pin_memory", _parse_bool, applies=_needs_gpu),
         Knob("prefetch_factor", "batches each loader worker prepares ahead", _int_at_least(1),
-             only_when_positive="num_workers"),
+             when=("num_workers", lambda workers: workers > 0, None)),
     )
 }
 
@@ -172,6 +246,20 @@ def env_for(config: Config) -> dict[str, str]:
     NCCL reads these when the process group starts, so they must be in place before that.
     """
     env: dict[str, str] = {}
-    if config.nccl_algo != "default" and config.world_size > 1:
-        env["NCCL_ALGO"] = config.nccl_algo
+    if config.world_size > 1:
+        if config.nccl_algo != "default":
+            env["NCCL_ALGO"] = config.nccl_algo
+        if config.nccl_proto != "default":
+            env["NCCL_PROTO"] = config.nccl_proto
     return env
+
+
+def ddp_kwargs(config: Config) -> dict[str, Any]:
+    """Keyword arguments for DistributedDataParallel: only those the installed torch takes, and
+    only values that differ from DDP's own defaults (so an older torch runs the baseline)."""
+    wanted: dict[str, Any] = {"bucket_cap_mb": config.ddp_bucket_cap_mb}
+    if config.ddp_gradient_as_bucket_view:
+        wanted["gradient_as_bucket_view"] = True
+    if config.ddp_static_graph:
+        wanted["static_graph"] = True
+    return {k: v for k, v in wanted.items() if ddp_accepts(k)}

@@ -1,9 +1,12 @@
 """Starting trial processes: ``plan`` builds the launch as data, ``execute`` is the only subprocess.
 
-``plan`` is pure (tests assert on it without starting anything). ``execute`` starts the trial in a
-fresh process in its own session (so its process group can be killed as a whole: loader workers,
-and later torchrun's ranks, included), enforces the hard timeout and the memory limit, samples the
-tree's memory, tails the progress file, and always leaves no process behind.
+``plan`` is pure (tests assert on it without starting anything). A one-rank trial is one process
+(``python -m autotune.bench``); a trial of N ranks is torchrun with a standalone rendezvous (a
+c10d store on a free port) starting N such processes, nccl on CUDA and gloo on CPU. ``execute``
+starts the trial in its own session, enforces the hard timeout and the memory limit, samples the
+tree's memory, tails the progress file, and always leaves no process behind: torchrun starts each
+rank in a session of its own, so the trial's processes are found by a token in their environment,
+which every descendant inherits, not by their process group.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from typing import Any
 import psutil
 
 from autotune.knobs import Config, env_for
-from autotune.measurement import RawResult
+from autotune.measurement import RawResult, first_failure
 
 STDERR_TAIL_BYTES = 8000
+TRIAL_TOKEN = "AUTOTUNE_TRIAL"
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,9 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
          timeout_s: float, measure: Mapping[str, Any] | None = None,
          memory_limit_bytes: int | None = None, address_space_bytes: int | None = None,
          python: str = sys.executable, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
-    """The trial launch as data: argv, environment and files. Starts nothing."""
+    """The trial launch as data: argv, environment and files. Starts nothing.
+
+    ``config.world_size`` > 1 starts that many ranks through torchrun on this machine."""
     # The trial applies the address-space limit and its tie to the tuner itself, first thing
     # in bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
     spec = {"workload": dict(workload), "config": config.to_dict(), "device": device,
@@ -62,7 +68,17 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
     }
     files = {k: str(workdir / f"{k}.{ext}") for k, ext in
              (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
-    argv = (python, "-m", "autotune.bench", files["spec"], files["result"], files["progress"])
+    # Every process of the trial inherits this: how execute finds them all at the end.
+    env[TRIAL_TOKEN] = files["result"]
+    bench = ("-m", "autotune.bench", files["spec"], files["result"], files["progress"])
+    launcher: tuple[str, ...] = ()
+    if config.world_size > 1:
+        # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT for each rank, and
+        # OMP_NUM_THREADS=1 unless it is set (as a torchrun training run would get it). No
+        # restarts: a failed rank ends the trial, and torchrun stops the other ranks.
+        launcher = ("-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={config.world_size}", "--max-restarts=0")
+    argv = (python, *launcher, *bench)
     return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec,
                      spec_path=files["spec"], result_path=files["result"],
                      progress_path=files["progress"], stderr_path=files["stderr"],
@@ -110,7 +126,7 @@ def _read_events(path: str) -> list[dict[str, Any]]:
 
 
 def _read_windows(path: str) -> list[dict[str, Any]]:
-    return [{k: e[k] for k in ("samples", "seconds", "data_wait_s")}
+    return [{k: e[k] for k in ("samples", "seconds", "data_wait_s", "comm_wait_s") if k in e}
             for e in _read_events(path) if e.get("event") == "window"]
 
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
@@ -121,7 +137,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     """
     Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
     Path(p.spec_path).write_text(json.dumps(p.spec))
-    for path in (p.result_path, p.progress_path):
+    for path in (p.result_path, p.progress_path, *_rank_files(p.result_path)):
         Path(path).unlink(missing_ok=True)
     env = {**os.environ, **p.env, "AUTOTUNE_TUNER_PID": str(os.getpid())}
     # The trial imports autotune from wherever the tuner did (source checkout or installed).
@@ -153,15 +169,22 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            _kill_group(proc.pid)  # the whole group: workers, ranks, anything they started
+            _kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
             proc.wait()
-            survivors = _reap_stragglers(proc.pid)
+            survivors = _reap_stragglers(p.env.get(TRIAL_TOKEN), proc.pid)
     if on_event is not None:
         _forward_events(p.progress_path, seen, on_event)
     result = None
     if Path(p.result_path).exists():
         with contextlib.suppress(json.JSONDecodeError, OSError):
             result = json.loads(Path(p.result_path).read_text())
+    if result is None:
+        # A rank that failed on its own left its report; the first failure is the cause.
+        docs = []
+        for path in _rank_files(p.result_path):
+            with contextlib.suppress(json.JSONDecodeError, OSError):
+                docs.append(json.loads(Path(path).read_text()))
+        result = first_failure(docs)
     data = Path(p.stderr_path).read_bytes()
     if survivors:
         # A process stuck in the kernel (a GPU driver call) ignores SIGKILL for a while: say so,
@@ -177,16 +200,46 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     )
 
 
-def _reap_stragglers(pgid: int, wait_s: float = 30.0) -> list[int]:
-    """Wait until no live process of the trial's group is left; returns any that outlived
-    ``wait_s`` (zombies do not count: they hold no device and no memory)."""
+def _rank_files(result_path: str) -> list[str]:
+    path = Path(result_path)
+    return sorted(str(f) for f in path.parent.glob(path.name + ".rank*")) \
+        if path.parent.is_dir() else []
+
+
+def trial_processes(token: str | None, pgid: int) -> list[int]:
+    """Live processes of a trial: those whose environment carries the trial's token (ranks in
+    sessions of their own, their loader workers, anything they started), and those in the
+    trial's process group. Zombies do not count: they hold no device and no memory."""
+    found = []
+    needle = f"{TRIAL_TOKEN}={token}".encode() if token else None
+    for q in psutil.process_iter(["pid", "status"]):
+        if q.info["status"] == psutil.STATUS_ZOMBIE or q.pid == os.getpid():
+            continue
+        if _pgid(q.pid) == pgid or (needle is not None and _environ_has(q.pid, needle)):
+            found.append(q.pid)
+    return found
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _reap_stragglers(token: str | None, pgid: int, wait_s: float = 30.0) -> list[int]:
+    """Kill every process of the trial until none is left; returns any that outlived
+    ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
-        alive = [q.pid for q in psutil.process_iter(["pid", "status"])
-                 if q.info["status"] != psutil.STATUS_ZOMBIE and _pgid(q.pid) == pgid]
+        alive = trial_processes(token, pgid)
         if not alive or time.monotonic() > deadline:
             return alive
         _kill_group(pgid)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
 
 

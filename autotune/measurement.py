@@ -78,6 +78,10 @@ class Measurement:
     # Never used as a result; it tells the sampler roughly where a too-slow config stood.
     rough_samples_per_sec: float | None = None
     ended_by: str | None = None  # one of the constants above, None when it simply finished
+    # Multi-rank trials: each rank's summary (rate, windows, waits, all-reduce counts) and the
+    # DDP arguments that were applied.
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    ddp: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_result(self) -> bool:
@@ -152,10 +156,79 @@ def _from_windows(windows: list[dict[str, Any]]) -> tuple[float, float | None, d
     """Median rate, spread (None from a single window: unknown, not zero), breakdown."""
     rates = [w["samples"] / w["seconds"] for w in windows]
     med, cv = median_and_cv(rates)
+    return med, (cv if len(rates) > 1 else None), breakdown(windows)
+
+
+def breakdown(windows: list[dict[str, Any]]) -> dict[str, float]:
+    """Shares of the timed wall time: waiting for data, waiting for the gradient all-reduce
+    (multi-rank trials only), and the rest (compute, optimizer, launch overheads)."""
     total = sum(w["seconds"] for w in windows)
-    wait = sum(w.get("data_wait_s", 0.0) for w in windows)
-    breakdown = {"data_wait": wait / total, "compute": 1.0 - wait / total} if total > 0 else {}
-    return med, (cv if len(rates) > 1 else None), breakdown
+    if total <= 0:
+        return {}
+    shares = {"data_wait": sum(w.get("data_wait_s", 0.0) for w in windows) / total}
+    if any("comm_wait_s" in w for w in windows):
+        shares["comm_wait"] = sum(w.get("comm_wait_s", 0.0) for w in windows) / total
+    shares["compute"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
+
+
+def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One trial result from every rank's report (in rank order), by the slowest-rank rule.
+
+    Window i of the trial took as long as rank i's slowest window i (the ranks run in lockstep,
+    so the job goes at the pace of its slowest rank) and processed all ranks' samples; its data
+    and communication waits are the slowest rank's. Ranks agree on every stop decision, so they
+    report the same number of windows. Peak memory is the largest rank's (a per-rank limit).
+    The per-rank reports are kept, shortened, under ``ranks``.
+    """
+    first = dict(docs[0])
+    merged = {k: v for k, v in first.items() if k not in ("rank", "comm", "failed_at")}
+    merged["world_size"] = len(docs)
+    merged["peak_memory_bytes"] = max(int(d.get("peak_memory_bytes") or 0) for d in docs)
+    per_rank = []
+    for d in docs:
+        ws = d.get("windows") or []
+        entry: dict[str, Any] = {"rank": d.get("rank"), "status": d.get("status"),
+                                 "peak_memory_bytes": d.get("peak_memory_bytes"),
+                                 "window_seconds": [w["seconds"] for w in ws]}
+        if ws:
+            entry["samples_per_sec"] = median_and_cv([w["samples"] / w["seconds"]
+                                                      for w in ws])[0]
+            entry["breakdown"] = breakdown(ws)
+        if "comm" in d:
+            entry["comm"] = d["comm"]
+        per_rank.append(entry)
+    merged["ranks"] = per_rank
+    counts = {len(d.get("windows") or []) for d in docs}
+    if first.get("status") != "ok" or len(counts) != 1:
+        if len(counts) != 1:
+            merged.update(status="error", reason=f"ranks reported different window counts "
+                          f"{sorted(counts)}; the trial's ranks fell out of step")
+        return merged
+    windows = []
+    for i in range(counts.pop()):
+        slowest = max(range(len(docs)), key=lambda r: docs[r]["windows"][i]["seconds"])
+        w = dict(docs[slowest]["windows"][i])
+        w["samples"] = sum(d["windows"][i]["samples"] for d in docs)
+        w["slowest_rank"] = docs[slowest].get("rank", slowest)
+        windows.append(w)
+    rates = [w["samples"] / w["seconds"] for w in windows]
+    med, cv = median_and_cv(rates)
+    merged.update(windows=windows, samples_per_sec=med, spread_cv=cv if len(rates) > 1 else None,
+                  step_time_s=sum(w["seconds"] for w in windows) / sum(w["steps"]
+                                                                       for w in windows))
+    return merged
+
+
+def first_failure(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report of the rank that failed first: its failure is the cause; the other ranks'
+    errors (a peer closing the connection) are consequences."""
+    failed = [d for d in docs if isinstance(d, dict) and "failed_at" in d]
+    if not failed:
+        return None
+    doc = dict(min(failed, key=lambda d: d["failed_at"]))
+    doc["reason"] = f"rank {doc.get('rank')}: {doc.get('reason')}"
+    return doc
 
 
 def classify(raw: RawResult, device: str = "cpu") -> Measurement:
@@ -182,9 +255,9 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
         partial = raw.partial_windows
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
         if partial:
-            med, cv, breakdown = _from_windows(partial)
+            med, cv, shares = _from_windows(partial)
             reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
-            return Measurement("timeout", reason, windows=partial, breakdown=breakdown,
+            return Measurement("timeout", reason, windows=partial, breakdown=shares,
                                rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
         return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
     if doc is not None:
@@ -199,7 +272,7 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
                                warmup=doc.get("warmup") or {},
                                rough_samples_per_sec=rough if isinstance(rough, float) else None,
                                ended_by=TOO_SLOW if status == "timeout" else None, **common)
-        med, cv, breakdown = _from_windows(doc["windows"])
+        med, cv, shares = _from_windows(doc["windows"])
         limit = raw.memory_limit_bytes
         if limit and peak > limit:
             # Passed the limit between two of the launcher's samples and finished anyway: the
@@ -210,10 +283,10 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
         fps = doc.get("flops_per_sample")
         return Measurement(
             "ok", None, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
-            breakdown=breakdown, step_time_s=doc.get("step_time_s"),
+            breakdown=shares, step_time_s=doc.get("step_time_s"),
             warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
             tflops=(med * fps / 1e12) if isinstance(fps, int | float) and fps > 0 else None,
-            **common,
+            ranks=doc.get("ranks") or [], ddp=doc.get("ddp") or {}, **common,
         )
     if _OOM_PATTERNS.search(raw.stderr_tail):
         return Measurement("oom", _last_line(_oom_lines(raw.stderr_tail)), **common)

@@ -71,7 +71,8 @@ def pick_baseline(trials: list[FrozenTrial]) -> FrozenTrial | None:
 
 
 def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial | None,
-                  trials: list[FrozenTrial], limit: int, storage: str) -> Profile:
+                  trials: list[FrozenTrial], limit: int, storage: str,
+                  global_batch: int | None = None) -> Profile:
     m = best.user_attrs["measurement"]
     config = Config.from_dict(best.user_attrs["config"])
     result = {
@@ -81,7 +82,11 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
         "breakdown": {k: round(v, 4) for k, v in (m.get("breakdown") or {}).items()},
         "tflops": round(m["tflops"], 4) if m.get("tflops") else None,
         "trial": best.user_attrs.get("reused_from", best.number),
+        "samples_per_optimizer_step": config.samples_per_step,
     }
+    if m.get("ranks"):
+        result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
+                           for r in m["ranks"]]
     base_block: dict[str, Any] = {"config": None, "samples_per_sec": None}
     speedup = None
     notes = []
@@ -93,18 +98,23 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                       "spread_cv": _round(bm["spread_cv"]),
                       "peak_memory_bytes": bm["peak_memory_bytes"], "trial": baseline.number}
         speedup = round(m["samples_per_sec"] / bm["samples_per_sec"], 3)
-        if config.samples_per_step != base_config.samples_per_step:
+        if global_batch is None and config.samples_per_step != base_config.samples_per_step:
             notes.append(f"effective batch changed from {base_config.samples_per_step} to "
                          f"{config.samples_per_step} samples per optimizer step; scale the "
                          "learning rate and schedule accordingly")
     else:
         notes.append("the baseline has not been measured yet: no speedup is claimed")
+    if global_batch is not None:
+        notes.append(f"global batch kept at {global_batch} samples per optimizer step "
+                     f"(--global-batch): {config.micro_batch_size} per micro-batch x "
+                     f"{config.grad_accum_steps} accumulation step(s) x {config.world_size} "
+                     "rank(s); the training semantics are unchanged")
     return Profile(
         workload=dict(study.user_attrs["workload"]),
         config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,
         fingerprint=study.user_attrs["fingerprint"],
         provenance={"study": study.study_name, "storage": storage,
-                    "trials": len(measured(trials)),
+                    "trials": len(measured(trials)), "global_batch": global_batch,
                     "repeats_reused": len(trials) - len(measured(trials)),
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},

@@ -177,35 +177,52 @@ class NarrowedSpace:
     fixed: dict[str, tuple[Any, str]]  # knob -> (value, reason)
     removed: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)
     world_size: int = 1
+    # With --global-batch B, accumulation follows from the micro-batch: B / (micro x ranks).
+    global_batch: int | None = None
+    derived: dict[str, str] = field(default_factory=dict)  # knob -> how it is computed
 
     def suggest(self, trial: optuna.Trial, baseline: Config) -> Config:
-        """Ask Optuna for one config (define-by-run, so conditional knobs stay conditional)."""
+        """Ask Optuna for one config (define-by-run, so conditional knobs stay conditional:
+        a knob whose condition fails is not asked for, and takes its fallback value)."""
         values: dict[str, Any] = {name: value for name, (value, _) in self.fixed.items()}
-        for name, domain in self.searched.items():
+        base = baseline.to_dict()
+
+        def value_of(name: str) -> Any:
+            if name not in values:
+                if name in self.derived:
+                    values[name] = self._derived_value(name, value_of("micro_batch_size"))
+                elif name in self.searched:
+                    values[name] = _suggest_one(trial, name, self.searched[name])
+                else:
+                    values[name] = base[name]
+            return values[name]
+
+        for name in self.searched:
             knob = KNOBS[name]
-            if knob.only_when_positive and not _positive(values, knob.only_when_positive,
-                                                          self, trial):
-                values[name] = None
-                continue
-            values[name] = _suggest_one(trial, name, domain)
+            if knob.when is not None and not knob.when[1](value_of(knob.when[0])):
+                values[name] = knob.when[2]
+            else:
+                value_of(name)
+        for name in self.derived:
+            value_of(name)
         return _config(values, baseline, self.world_size)
+
+    def _derived_value(self, name: str, micro: int) -> int:
+        assert name == "grad_accum_steps" and self.global_batch is not None
+        return self.global_batch // self.world_size // micro
 
     def params_for(self, config: Config) -> dict[str, Any]:
         """Optuna params that make a trial run ``config`` (for enqueueing the baseline)."""
         data = config.to_dict()
-        params = {}
-        for name in self.searched:
-            dep = KNOBS[name].only_when_positive
-            if dep and not data[dep]:
-                continue
-            params[name] = data[name]
-        return params
+        return {name: data[name] for name in self.searched if KNOBS[name].active(data)}
 
     def describe(self) -> list[str]:
         lines = [f"  {name:<18} {d.describe()}" for name, d in self.searched.items()]
         for name, pairs in self.removed.items():
             for value, why in pairs:
                 lines.append(f"  {name:<18} dropped {_show(value)}: {why}")
+        for name, how in self.derived.items():
+            lines.append(f"  {name:<18} derived: {how}")
         for name, (value, why) in self.fixed.items():
             lines.append(f"  {name:<18} fixed to {_show(value)}: {why}")
         return lines
@@ -220,18 +237,13 @@ class NarrowedSpace:
             "name": self.name,
             "source": self.source,
             "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "derived": dict(self.derived),
             "searched": {k: domain(d) for k, d in self.searched.items()},
             "fixed": {k: {"value": v, "reason": why} for k, (v, why) in self.fixed.items()},
             "removed": {k: [{"value": v, "reason": why} for v, why in pairs]
                         for k, pairs in self.removed.items()},
         }
-
-
-def _positive(values: dict[str, Any], dep: str, space: NarrowedSpace,
-              trial: optuna.Trial) -> bool:
-    if dep not in values:  # the dependency is searched after this knob; ask for it first
-        values[dep] = _suggest_one(trial, dep, space.searched[dep])
-    return bool(values[dep])
 
 
 def _suggest_one(trial: optuna.Trial, name: str, domain: Domain) -> Any:
@@ -244,24 +256,79 @@ def _config(values: dict[str, Any], baseline: Config, world_size: int) -> Config
     merged = baseline.to_dict()
     merged.update(values)
     merged["world_size"] = world_size
-    if not merged["num_workers"]:
-        merged["prefetch_factor"] = None
-    elif merged["prefetch_factor"] is None:
+    for name, knob in KNOBS.items():
+        if not knob.active(merged):
+            merged[name] = knob.when[2] if knob.when else merged[name]
+    if merged["num_workers"] and merged["prefetch_factor"] is None:
         merged["prefetch_factor"] = 2  # DataLoader's default with workers
     return Config.from_dict(merged)
 
 
-def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config) -> NarrowedSpace:
+def check_global_batch(global_batch: int, world_size: int) -> int:
+    """Samples per rank per optimizer step for ``--global-batch``; UsageError when impossible."""
+    if global_batch < 1:
+        raise UsageError(f"--global-batch must be >= 1, got {global_batch}")
+    if global_batch % world_size:
+        raise UsageError(f"--global-batch {global_batch} is not divisible by the {world_size} "
+                         f"ranks (--nproc); pass a multiple of {world_size}")
+    return global_batch // world_size
+
+
+def _divisor_choices(domain: Domain, per_rank: int, global_batch: int, world_size: int,
+                     removed: dict[str, list[tuple[Any, str]]]) -> Choices:
+    """The micro-batch sizes of ``domain`` that divide the samples each rank takes per step."""
+    if isinstance(domain, IntRange):
+        values = [v for v in range(domain.low, min(domain.high, per_rank) + 1, domain.step)
+                  if per_rank % v == 0]
+    else:
+        values = list(domain.values)
+    why = (f"does not divide --global-batch {global_batch} / {world_size} rank(s) = {per_rank} "
+           "samples per rank")
+    keep = [v for v in values if per_rank % v == 0]
+    for v in values:
+        if per_rank % v:
+            removed.setdefault("micro_batch_size", []).append((v, why))
+    if not keep:
+        raise UsageError(f"no micro_batch_size in the search space divides --global-batch "
+                         f"{global_batch} / {world_size} rank(s) = {per_rank}; pass a global "
+                         "batch that is a multiple of a searched micro-batch size x ranks")
+    return Choices(tuple(keep))
+
+
+def baseline_for_global_batch(default_micro: int, global_batch: int, world_size: int) -> Config:
+    """What a user runs untuned at this global batch: the workload's default micro-batch, or
+    the largest divisor of the per-rank batch below it, with the accumulation that completes it."""
+    per_rank = check_global_batch(global_batch, world_size)
+    micro = max(d for d in range(1, min(default_micro, per_rank) + 1) if per_rank % d == 0)
+    return Config(micro_batch_size=micro, grad_accum_steps=per_rank // micro,
+                  world_size=world_size)
+
+
+def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config,
+           global_batch: int | None = None) -> NarrowedSpace:
     """Keep what this hardware can run; the baseline's values always stay in the space.
 
-    Raises UsageError when a knob loses every value it had.
+    With ``global_batch``, only micro-batch sizes that divide it (per rank) stay, and the
+    accumulation is derived from them. Raises UsageError when a knob loses every value it had.
     """
     base = baseline.to_dict()
     searched: dict[str, Domain] = {}
     fixed: dict[str, tuple[Any, str]] = {}
     removed: dict[str, list[tuple[Any, str]]] = {}
+    derived: dict[str, str] = {}
+    knobs = dict(space.knobs)
+    if global_batch is not None:
+        per_rank = check_global_batch(global_batch, world_size)
+        micro = knobs.get("micro_batch_size", Choices((baseline.micro_batch_size,)))
+        knobs["micro_batch_size"] = _divisor_choices(micro, per_rank, global_batch, world_size,
+                                                     removed)
+        knobs.pop("grad_accum_steps", None)
+        derived["grad_accum_steps"] = (f"--global-batch {global_batch} / (micro_batch_size x "
+                                       f"{world_size} rank(s))")
     for name, knob in KNOBS.items():
-        domain = space.knobs.get(name)
+        if name in derived:
+            continue
+        domain = knobs.get(name)
         if domain is None:
             fixed[name] = (base[name], f"not in search space {space.name}")
             continue
@@ -292,7 +359,8 @@ def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config) 
         # A fixed knob still has to be runnable (e.g. a space that fixes prefetch without workers).
         if value is None and name != "prefetch_factor":
             raise UsageError(f"knob {name} has no value; add it to {space.source}")
-    return NarrowedSpace(space.name, space.source, searched, fixed, removed, world_size)
+    return NarrowedSpace(space.name, space.source, searched, fixed, removed, world_size,
+                         global_batch, derived)
 
 
 def _narrow_range(name: str, domain: IntRange, hw: Hardware, world_size: int, base: Any,

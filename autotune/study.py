@@ -53,7 +53,7 @@ from autotune.results import (
     recorded,
     view,
 )
-from autotune.space import NarrowedSpace, load_space, narrow
+from autotune.space import NarrowedSpace, baseline_for_global_batch, load_space, narrow
 from autotune.workloads import WorkloadSpec, resolve
 
 DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a 2-core CPU
@@ -81,6 +81,8 @@ class RunOptions:
     studies_dir: Path = Path("studies")
     seed: int = 0
     trial_timeout_s: float = 180.0
+    nproc: int | None = None  # ranks per trial; None: one per visible GPU, 1 on CPU
+    global_batch: int | None = None  # keep micro x accumulation x ranks at this value
     measure: dict[str, Any] = field(default_factory=dict)
     address_space_bytes: int | None = None  # RLIMIT_AS for trial processes (tests)
     hardware: Hardware | None = None  # detected when None
@@ -169,9 +171,38 @@ def default_study_name(name: str, workload: WorkloadSpec, space: NarrowedSpace,
     """``<workload>-<space>-<hash>``: the hash covers the params, the narrowed space and the
     hardware, so editing a space file or moving machines starts a new study, never a mixed one."""
     blob = json.dumps({"spec": workload.spec, "params": workload.params,
-                       "space": space.to_dict()["searched"], "fingerprint": hw.fingerprint()},
-                      sort_keys=True, default=str)
+                       "space": space.to_dict()["searched"], "fingerprint": hw.fingerprint(),
+                       **_shape(space)}, sort_keys=True, default=str)
     return f"{name}-{space.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def _shape(space: NarrowedSpace) -> dict[str, Any]:
+    """What, besides the searched knobs, makes two studies' trials incomparable. Empty for one
+    rank without --global-batch, so studies made before these options keep their names."""
+    shape: dict[str, Any] = {}
+    if space.world_size != 1:
+        shape["world_size"] = space.world_size
+    if space.global_batch is not None:
+        shape["global_batch"] = space.global_batch
+    return shape
+
+
+def default_nproc(hw: Hardware) -> int:
+    """One rank per visible GPU; one on CPU."""
+    return len(hw.gpus) if hw.device == "cuda" and hw.gpus else 1
+
+
+def check_nproc(nproc: int, hw: Hardware) -> None:
+    if nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {nproc}")
+    if hw.device == "cuda" and nproc > len(hw.gpus):
+        raise UsageError(f"--nproc {nproc} asks for more ranks than the {len(hw.gpus)} visible "
+                         "GPU(s); one rank per GPU: pass --nproc <= the GPU count "
+                         "(CUDA_VISIBLE_DEVICES selects them)")
+    if hw.device == "cpu" and nproc > hw.cpu_cores:
+        raise UsageError(f"--nproc {nproc} asks for more ranks than the {hw.cpu_cores} CPU "
+                         f"cores; ranks would share cores and time each other: pass --nproc <= "
+                         f"{hw.cpu_cores}")
 
 
 def _check_writable(path: Path) -> None:
@@ -200,8 +231,16 @@ class Runner:
         self.workload_spec = WorkloadSpec(opts.model, dict(opts.params))
         workload = resolve(opts.model, opts.params)
         self.workload_name = str(getattr(workload, "name", self.workload_spec.name))
-        self.baseline = Config(micro_batch_size=workload.default_micro_batch)
-        self.space = narrow(load_space(opts.space), self.hw, 1, self.baseline)
+        self.nproc = opts.nproc if opts.nproc is not None else default_nproc(self.hw)
+        check_nproc(self.nproc, self.hw)
+        if opts.global_batch is not None:
+            self.baseline = baseline_for_global_batch(workload.default_micro_batch,
+                                                      opts.global_batch, self.nproc)
+        else:
+            self.baseline = Config(micro_batch_size=workload.default_micro_batch,
+                                   world_size=self.nproc)
+        self.space = narrow(load_space(opts.space), self.hw, self.nproc, self.baseline,
+                            opts.global_batch)
         self.limit = memory_limit(opts.memory_limit, self.hw)  # a resumed study keeps its own
         self.storage_url = opts.storage or f"sqlite:///{opts.studies_dir}/autotune.db"
         self.study_name = opts.study_name or default_study_name(
@@ -234,7 +273,17 @@ class Runner:
                                                               self.workload_spec.params):
                 raise UsageError(f"study {self.study_name} tunes workload {attrs.get('workload')}, "
                                  "not this one; pass another --study name")
-            searched = (attrs.get("space") or {}).get("searched")
+            stored_space = attrs.get("space") or {}
+            stored_shape = {"world_size": stored_space.get("world_size", 1),
+                            "global_batch": stored_space.get("global_batch")}
+            if stored_shape != {"world_size": self.nproc, "global_batch": self.opts.global_batch}:
+                raise UsageError(
+                    f"study {self.study_name} was tuned with --nproc "
+                    f"{stored_shape['world_size']} and --global-batch "
+                    f"{stored_shape['global_batch'] or 'unset'}, not --nproc {self.nproc} and "
+                    f"--global-batch {self.opts.global_batch or 'unset'}; pass the same flags "
+                    "to resume it, or another --study name")
+            searched = stored_space.get("searched")
             if searched != json.loads(json.dumps(self.space.to_dict()["searched"])):
                 raise UsageError(f"study {self.study_name} searched another space ({searched}); "
                                  "its trials would not fit this one: pass another --study name")
@@ -512,7 +561,7 @@ class Runner:
         if best is None:
             return None
         profile = build_profile(self.study, best, pick_baseline(trials), trials, self.limit,
-                                redact(self.storage_url))
+                                redact(self.storage_url), self.opts.global_batch)
         return profile.save(self.out_dir / "profile.yaml")
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:

@@ -42,6 +42,12 @@ def test_list_shows_workloads_and_spaces() -> None:
     (["--model", "mlp", "--storage", "nosuchdb://x"], 2, "cannot open storage 'nosuchdb://x'"),
     (["--model", "mlp", "--storage", "postgresql://nobody@127.0.0.1:1/x"], 2,
      "cannot open storage"),
+    (["--model", "mlp", "--nproc", "0"], 2, "--nproc must be >= 1, got 0"),
+    (["--model", "mlp", "--nproc", "4096"], 2, "--nproc 4096 asks for more ranks than the"),
+    (["--model", "mlp", "--nproc", "1", "--global-batch", "0"], 2,
+     "--global-batch must be >= 1, got 0"),
+    (["--model", "mlp", "--nproc", "2", "--global-batch", "33"], 2,
+     "--global-batch 33 is not divisible by the 2 ranks (--nproc); pass a multiple of 2"),
     (["--model", "mlp", "--trial-seconds", "150"], 2,
      "--trial-seconds (150s) must be at most 2/3 of --trial-timeout (180s)"),
 ])

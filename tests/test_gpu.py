@@ -43,3 +43,22 @@ def test_the_tuner_does_not_initialise_cuda() -> None:
             "assert h.device == 'cuda', h; assert not torch.cuda.is_initialized()")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.multi_gpu
+def test_two_ranks_on_nccl_with_the_nccl_knobs(tmp_path: Path) -> None:
+    """The nccl path: 2 ranks on 2 GPUs, NCCL_ALGO/NCCL_PROTO set, no_sync accumulation, and the
+    all-reduce wait timed with CUDA events. (NCCL refuses two ranks on one GPU.)"""
+    config = Config(micro_batch_size=16, grad_accum_steps=2, amp="bf16", world_size=2,
+                    nccl_algo="Ring", nccl_proto="Simple", ddp_bucket_cap_mb=50)
+    p = plan(workload={"spec": "bert", "params": {}}, config=config, device="cuda",
+             workdir=tmp_path, timeout_s=300, measure={"max_seconds": 20})
+    assert p.env["NCCL_ALGO"] == "Ring" and p.env["NCCL_PROTO"] == "Simple"
+    raw = execute(p)
+    m = classify(raw, "cuda")
+    assert m.ok, (m.reason, raw.stderr_tail[-2000:])
+    assert raw.result is not None and raw.result["backend"] == "nccl"
+    assert m.ddp["bucket_cap_bytes"] == 50 * 2**20
+    for rank in m.ranks:
+        assert sorted(rank["comm"]["calls_by_micro"]) == ["1"]
+    assert 0 <= m.breakdown["comm_wait"] < 1

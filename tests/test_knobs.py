@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from autotune.knobs import KNOBS, Config, env_for
+from autotune.knobs import KNOBS, Config, ddp_accepts, ddp_kwargs, env_for
+from autotune.testing.hardware import fake_gpus
 
 
 def test_config_round_trip_and_samples_per_step() -> None:
@@ -31,7 +34,7 @@ def test_parse_accepts(knob: str, value: object, expected: object) -> None:
     ("micro_batch_size", 0, ">= 1, got 0"),
     ("micro_batch_size", True, "integer"),
     ("amp", "fp8", "one of"),
-    ("nccl_algo", "Butterfly", "one of"),
+    ("nccl_algo", "Butterfly", "comma-separated list of .*Tree.*got .Butterfly."),
     ("pin_memory", "yes", "true or false"),
 ])
 def test_parse_rejects_with_the_rule_and_value(knob: str, value: object, message: str) -> None:
@@ -43,3 +46,29 @@ def test_env_sets_nccl_only_with_ranks() -> None:
     assert env_for(Config(nccl_algo="Tree", world_size=2)) == {"NCCL_ALGO": "Tree"}
     assert env_for(Config(nccl_algo="Tree", world_size=1)) == {}
     assert env_for(Config(world_size=2)) == {}
+
+
+def test_nccl_values_are_case_insensitive_and_canonical() -> None:
+    assert KNOBS["nccl_proto"].parse("ll128") == "LL128"
+    assert KNOBS["nccl_algo"].parse("nvlstree,RING") == "NVLSTree,Ring"
+    with pytest.raises(ValueError, match="NCCL_PROTO must be 'default' or"):
+        KNOBS["nccl_proto"].parse("LL256")
+
+
+def test_nccl_values_are_checked_against_the_nccl_in_use() -> None:
+    old = replace(fake_gpus(2), nccl_version="2.21.5")
+    assert KNOBS["nccl_algo"].value_ok("PAT", old, 2) == \
+        "NCCL_ALGO=PAT needs NCCL >= 2.23; this torch has NCCL 2.21.5"
+    assert KNOBS["nccl_algo"].value_ok("Tree,NVLS", old, 2) is None
+    assert KNOBS["nccl_algo"].value_ok("default", old, 2) is None
+    assert KNOBS["nccl_proto"].value_ok("LL128", replace(old, nccl_version="2.4.8"), 2) == \
+        "NCCL_PROTO=LL128 needs NCCL >= 2.5; this torch has NCCL 2.4.8"
+
+
+def test_env_sets_nccl_proto_and_ddp_kwargs_follow_the_config() -> None:
+    config = Config(nccl_algo="Ring", nccl_proto="Simple", world_size=4, ddp_bucket_cap_mb=100,
+                    ddp_static_graph=True)
+    assert env_for(config) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+    # Only what differs from DDP's defaults, and only what this torch accepts (it takes all).
+    assert ddp_kwargs(config) == {"bucket_cap_mb": 100, "static_graph": True}
+    assert ddp_accepts("bucket_cap_mb") and not ddp_accepts("no_such_argument")

@@ -22,7 +22,7 @@ def test_plan_is_pure_data(tmp_path: Path) -> None:
     p = plan(workload={"spec": "mlp", "params": {"hidden": 8}}, config=config, device="cuda",
              workdir=tmp_path / "t", timeout_s=30, measure=FAST, memory_limit_bytes=10**9)
     assert not (tmp_path / "t").exists()  # planning starts and writes nothing
-    assert p.argv[:3] == (sys.executable, "-m", "autotune.bench")
+    assert p.argv[-5:-3] == ("-m", "autotune.bench")
     assert p.env["NCCL_ALGO"] == "Ring" and p.env["TOKENIZERS_PARALLELISM"] == "false"
     assert p.spec["config"] == config.to_dict() and p.spec["workload"]["params"] == {"hidden": 8}
     assert p.memory_limit_bytes is None  # on CUDA the allocator enforces the limit in the trial
@@ -30,6 +30,21 @@ def test_plan_is_pure_data(tmp_path: Path) -> None:
     cpu = plan(workload={"spec": "mlp"}, config=Config(), device="cpu", workdir=tmp_path,
                timeout_s=30, memory_limit_bytes=10**9)
     assert cpu.memory_limit_bytes == 10**9 and "NCCL_ALGO" not in cpu.env
+
+
+def test_plan_starts_ranks_through_torchrun_with_the_nccl_environment(tmp_path: Path) -> None:
+    config = Config(world_size=4, nccl_algo="Tree", nccl_proto="LL128")
+    p = plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
+             timeout_s=60)
+    assert p.argv[:6] == (sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=4", "--max-restarts=0")
+    assert p.argv[6:9] == ("-m", "autotune.bench", p.spec_path)
+    # Set before any rank starts, so NCCL reads them when its communicator is created.
+    assert p.env["NCCL_ALGO"] == "Tree" and p.env["NCCL_PROTO"] == "LL128"
+    assert p.env["AUTOTUNE_TRIAL"] == p.result_path  # how execute finds every rank at the end
+    single = plan(workload={"spec": "bert"}, config=Config(nccl_algo="Tree"), device="cuda",
+                  workdir=tmp_path, timeout_s=60)
+    assert "torch.distributed.run" not in single.argv and "NCCL_ALGO" not in single.env
 
 
 def _run(tmp_path: Path, spec: str, timeout: float = 60, config: Config | None = None,

@@ -13,8 +13,10 @@ from autotune.measurement import (
     RawResult,
     check_result,
     classify,
+    first_failure,
     is_oom,
     median_and_cv,
+    merge_ranks,
 )
 
 
@@ -129,3 +131,38 @@ def test_one_window_has_an_unknown_spread_not_zero() -> None:
     doc = ok_doc(windows=[{"samples": 100, "seconds": 2.0, "data_wait_s": 0.0}])
     m = classify(raw(result=doc))
     assert m.ok and m.samples_per_sec == 50.0 and m.spread_cv is None
+
+
+def _rank_doc(rank: int, seconds: list[float], **extra: object) -> dict:
+    return {"schema": RESULT_SCHEMA, "status": "ok", "rank": rank, "peak_memory_bytes": 100 + rank,
+            "windows": [{"steps": 2, "samples": 16, "seconds": s, "data_wait_s": 0.01 * rank,
+                         "comm_wait_s": 0.1} for s in seconds], **extra}
+
+
+def test_merging_ranks_takes_the_slowest_rank_per_window_and_all_samples() -> None:
+    merged = merge_ranks([_rank_doc(0, [1.0, 2.0, 1.0]), _rank_doc(1, [2.0, 1.0, 1.5])])
+    assert [w["seconds"] for w in merged["windows"]] == [2.0, 2.0, 1.5]
+    assert [w["slowest_rank"] for w in merged["windows"]] == [1, 0, 1]
+    assert all(w["samples"] == 32 for w in merged["windows"])
+    assert merged["samples_per_sec"] == 16.0  # median of 16, 16, 21.3
+    assert merged["peak_memory_bytes"] == 101 and merged["world_size"] == 2
+    assert [r["window_seconds"] for r in merged["ranks"]] == [[1.0, 2.0, 1.0], [2.0, 1.0, 1.5]]
+    m = classify(RawResult(returncode=0, timed_out=False, result=merged, stderr_tail="",
+                           wall_s=5.0))
+    assert m.ok and len(m.ranks) == 2
+    assert m.breakdown["comm_wait"] == pytest.approx(0.3 / 5.5)
+    assert m.breakdown["compute"] == pytest.approx(1 - 0.3 / 5.5 - m.breakdown["data_wait"])
+
+
+def test_ranks_out_of_step_are_an_error_not_a_number() -> None:
+    merged = merge_ranks([_rank_doc(0, [1.0, 1.0]), _rank_doc(1, [1.0])])
+    assert merged["status"] == "error" and "different window counts [1, 2]" in merged["reason"]
+
+
+def test_the_first_rank_to_fail_is_the_cause() -> None:
+    cause = {"rank": 1, "status": "oom", "reason": "CUDA out of memory", "failed_at": 10.0}
+    echo = {"rank": 0, "status": "error", "reason": "Connection closed by peer", "failed_at": 10.4}
+    doc = first_failure([echo, cause])
+    assert doc is not None and doc["status"] == "oom"
+    assert doc["reason"] == "rank 1: CUDA out of memory"
+    assert first_failure([]) is None

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -7,7 +8,14 @@ import pytest
 
 from autotune.errors import SpaceError, UsageError
 from autotune.knobs import Config
-from autotune.space import Choices, IntRange, builtin_spaces, load_space, narrow
+from autotune.space import (
+    Choices,
+    IntRange,
+    baseline_for_global_batch,
+    builtin_spaces,
+    load_space,
+    narrow,
+)
 from autotune.testing.hardware import fake_cpu, fake_gpus
 
 
@@ -82,8 +90,9 @@ def test_cpu_without_bf16_keeps_only_fp32() -> None:
 def test_narrowing_on_gpus_keeps_everything_with_ranks() -> None:
     narrowed = narrow(load_space("default"), fake_gpus(2), 2, Config())
     assert set(narrowed.searched) == {"micro_batch_size", "grad_accum_steps", "amp",
-                                      "ddp_bucket_cap_mb", "nccl_algo", "num_workers",
-                                      "pin_memory", "prefetch_factor"}
+                                      "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
+                                      "ddp_static_graph", "nccl_algo", "nccl_proto",
+                                      "num_workers", "pin_memory", "prefetch_factor"}
     old = narrow(load_space("default"), fake_gpus(1, compute_capability=(7, 0)), 1, Config())
     assert "bf16" not in old.searched["amp"].values  # type: ignore[union-attr]
     assert "ddp_bucket_cap_mb" in old.fixed
@@ -139,3 +148,79 @@ def test_int_range(tmp_path: Path) -> None:
     assert space.knobs["micro_batch_size"] == IntRange(1, 256, True, 1)
     with pytest.raises(SpaceError, match="log ranges take no step"):
         load_space(write(tmp_path, text.replace("log: true", "log: true, step: 2")))
+
+
+def test_two_ranks_on_cpu_search_ddp_but_not_nccl_and_share_the_cores() -> None:
+    narrowed = narrow(load_space("default"), fake_cpu(cores=2), 2, Config(world_size=2))
+    for knob in ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph"):
+        assert knob in narrowed.searched
+    for knob in ("nccl_algo", "nccl_proto"):
+        assert narrowed.fixed[knob] == ("default", "NCCL knobs need the nccl backend "
+                                                   "(no CUDA GPU here)")
+    # Loader workers are per rank: 2 ranks x 1 worker fill the 2 cores.
+    assert narrowed.searched["num_workers"] == Choices((0, 1))
+    assert (2, "2 workers x 2 rank(s) exceed the 2 CPU cores") in narrowed.removed["num_workers"]
+
+
+def test_nccl_values_this_nccl_lacks_are_dropped_with_the_reason(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, "knobs:\n  nccl_algo: {choices: [default, Ring, PAT]}\n"))
+    old = replace(fake_gpus(2), nccl_version="2.21.5")
+    narrowed = narrow(space, old, 2, Config(world_size=2))
+    assert narrowed.searched["nccl_algo"] == Choices(("default", "Ring"))
+    assert narrowed.removed["nccl_algo"] == [
+        ("PAT", "NCCL_ALGO=PAT needs NCCL >= 2.23; this torch has NCCL 2.21.5")]
+
+
+def test_global_batch_keeps_micro_x_accum_x_ranks_fixed() -> None:
+    baseline = baseline_for_global_batch(8, 64, 2)
+    assert (baseline.micro_batch_size, baseline.grad_accum_steps) == (8, 4)
+    narrowed = narrow(load_space("default"), fake_cpu(), 2, baseline, global_batch=64)
+    assert narrowed.searched["micro_batch_size"] == Choices((4, 8, 16, 32))
+    assert [v for v, _ in narrowed.removed["micro_batch_size"]] == [64, 128]
+    assert "grad_accum_steps" not in narrowed.searched
+    assert "grad_accum_steps" not in narrowed.fixed
+    assert "grad_accum_steps   derived: --global-batch 64 / (micro_batch_size x 2 rank(s))" in \
+        "\n".join(narrowed.describe())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        config = narrowed.suggest(trial, baseline)
+        assert config.samples_per_step == 64
+        seen.add(config.micro_batch_size)
+        study.tell(trial, 1.0)
+    assert seen == {4, 8, 16, 32}
+    study = optuna.create_study()
+    study.enqueue_trial(narrowed.params_for(baseline))
+    assert narrowed.suggest(study.ask(), baseline) == baseline
+
+
+def test_global_batch_turns_a_range_into_its_divisors_and_rejects_the_impossible(
+        tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, "knobs:\n  micro_batch_size: {low: 1, high: 64}\n"))
+    baseline = baseline_for_global_batch(8, 24, 1)
+    narrowed = narrow(space, fake_cpu(), 1, baseline, global_batch=24)
+    assert narrowed.searched["micro_batch_size"] == Choices((1, 2, 3, 4, 6, 8, 12, 24))
+    # An odd per-rank batch: the baseline takes the largest divisor below the default.
+    assert baseline_for_global_batch(8, 30, 2).micro_batch_size == 5
+    with pytest.raises(UsageError, match="--global-batch 30 is not divisible by the 4 ranks"):
+        baseline_for_global_batch(8, 30, 4)
+    only_big = load_space(write(tmp_path, "knobs:\n  micro_batch_size: {choices: [64]}\n"))
+    with pytest.raises(UsageError, match="no micro_batch_size in the search space divides"):
+        narrow(only_big, fake_cpu(), 2, Config(micro_batch_size=64), global_batch=20)
+
+
+def test_static_graph_is_only_tried_without_accumulation() -> None:
+    # DDP's static_graph crashes under no_sync accumulation (pytorch PR 187732).
+    narrowed = narrow(load_space("default"), fake_cpu(cores=2), 2, Config(world_size=2))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        config = narrowed.suggest(trial, Config(world_size=2))
+        if config.grad_accum_steps > 1:
+            assert config.ddp_static_graph is False and "ddp_static_graph" not in trial.params
+        else:
+            seen.add(config.ddp_static_graph)
+        study.tell(trial, 1.0)
+    assert seen == {False, True}

@@ -15,6 +15,11 @@ from typing import Any
 import torch
 
 
+def _this_rank(rank: int | None) -> bool:
+    """Whether a misbehaviour aimed at ``rank`` (None: every rank) is meant for this process."""
+    return rank is None or int(os.environ.get("RANK", "0")) == rank
+
+
 class _Numbers(torch.utils.data.Dataset):
     def __init__(self, features: int = 16) -> None:
         self.features = features
@@ -51,10 +56,12 @@ class Tiny:
 
 @dataclass
 class MemHog(Tiny):
-    """Holds ``mib_per_sample`` MiB of real, touched memory per sample of the micro-batch."""
+    """Holds ``mib_per_sample`` MiB of real, touched memory per sample of the micro-batch (with
+    ``rank``, on that rank of a multi-rank trial only)."""
 
     mib_per_sample: int = 8
     name: str = "memhog"
+    rank: int | None = None
 
     def build_model(self) -> torch.nn.Module:
         model = torch.nn.Linear(16, 1)
@@ -62,7 +69,7 @@ class MemHog(Tiny):
         return model
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        if not self._held:
+        if not self._held and _this_rank(self.rank):
             n = batch.shape[0] * self.mib_per_sample * 2**20 // 4
             self._held.append(torch.ones(n))  # ones(): pages are written, so they are resident
         return model(batch).pow(2).mean()
@@ -70,11 +77,15 @@ class MemHog(Tiny):
 
 @dataclass
 class Hang(Tiny):
-    """Starts a child process, then never finishes building: for timeout and cleanup tests."""
+    """Starts a child process, then never finishes building: for timeout and cleanup tests.
+    With ``rank``, only that rank of a multi-rank trial hangs (the others wait for it)."""
 
     name: str = "hang"
+    rank: int | None = None
 
     def build_model(self) -> torch.nn.Module:
+        if not _this_rank(self.rank):
+            return super().build_model()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(os.environ["AUTOTUNE_TEST_CHILD_PID_FILE"], "w") as f:
             f.write(str(child.pid))
@@ -84,12 +95,18 @@ class Hang(Tiny):
 
 @dataclass
 class Crash(Tiny):
-    """Raises in the training step, or dies from a signal with ``how="segfault"``."""
+    """Raises in the training step, or dies from a signal with ``how="segfault"``. With
+    ``rank``, only that rank of a multi-rank trial fails, after ``after`` good micro-steps."""
 
     how: str = "raise"
     name: str = "crash"
+    rank: int | None = None
+    after: int = 0
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        if not _this_rank(self.rank) or self.after > 0:
+            self.after -= 1
+            return model(batch).pow(2).mean()
         if self.how == "segfault":
             import ctypes
 
@@ -113,20 +130,48 @@ class Slow(Tiny):
         return model(batch).pow(2).mean()
 
 
+class _SleepyStep(torch.optim.SGD):
+    def __init__(self, params: Any, lr: float, extra_s: float) -> None:
+        super().__init__(params, lr=lr)
+        self.extra_s = extra_s
+
+    def step(self, closure: Any = None) -> Any:
+        time.sleep(self.extra_s)
+        return super().step(closure)
+
+
+@dataclass
+class SlowRank(Tiny):
+    """Rank ``rank``'s optimizer step sleeps ``extra_s`` more: after the gradient all-reduce,
+    where the ranks are not in lockstep, so that rank's windows are measurably the longest."""
+
+    rank: int = 1
+    extra_s: float = 0.02
+    name: str = "slowrank"
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        extra = self.extra_s if _this_rank(self.rank) else 0.0
+        return _SleepyStep(model.parameters(), lr=0.01, extra_s=extra)
+
+
 def tiny() -> Tiny:
     return Tiny()
 
 
-def memhog(mib_per_sample: int = 8) -> MemHog:
-    return MemHog(mib_per_sample=mib_per_sample)
+def memhog(mib_per_sample: int = 8, rank: int | None = None) -> MemHog:
+    return MemHog(mib_per_sample=mib_per_sample, rank=rank)
 
 
-def hang() -> Hang:
-    return Hang()
+def hang(rank: int | None = None) -> Hang:
+    return Hang(rank=rank)
 
 
-def crash(how: str = "raise") -> Crash:
-    return Crash(how=how)
+def crash(how: str = "raise", rank: int | None = None, after: int = 0) -> Crash:
+    return Crash(how=how, rank=rank, after=after)
+
+
+def slowrank(rank: int = 1, extra_s: float = 0.02) -> SlowRank:
+    return SlowRank(rank=rank, extra_s=extra_s)
 
 
 def slow(step_s: float = 1.0, exponent: float = 0.0) -> Slow:
