@@ -48,6 +48,9 @@ DEFAULT_MEASURE = {
     # All-reduce on every micro-step instead of only the last (no no_sync): for benchmarks that
     # show what no_sync gains; never searched.
     "sync_each_micro": False,
+    # Time the all-reduce through a DDP communication hook (multi-rank trials). Off only in the
+    # benchmark that measures what the hook itself costs.
+    "time_comm": True,
 }
 
 
@@ -379,9 +382,10 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
         kwargs = ddp_kwargs(config)
         model = DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
-        comm = CommTimer(ranks.world, device.type == "cuda")
-        # DDP checks a hook's annotations against its own types: register an unannotated one.
-        model.register_comm_hook(None, lambda state, bucket: comm.hook(state, bucket))
+        if measure.get("time_comm", True):
+            timer = comm = CommTimer(ranks.world, device.type == "cuda")
+            # DDP checks a hook's annotations against its own types: register an unannotated one.
+            model.register_comm_hook(None, lambda state, bucket: timer.hook(state, bucket))
         result["ddp"] = {"kwargs": kwargs,
                          "bucket_cap_bytes": int(getattr(model, "bucket_bytes_cap", 0))}
     dataset = workload.build_dataset()
@@ -427,7 +431,7 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
             batch = _to_device(next(batches), device, non_blocking)
             wait += time.perf_counter() - t
             last = micro == config.grad_accum_steps - 1
-            quiet = comm is not None and not last and not sync_each_micro
+            quiet = ranks.world > 1 and not last and not sync_each_micro
             if comm is not None:
                 comm.micro = micro
             with model.no_sync() if quiet else contextlib.nullcontext():

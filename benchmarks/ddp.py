@@ -8,7 +8,9 @@ configs interleaved round by round (A B A B ...) so slow drift of the machine hi
   no_sync   the same global batch (micro x accum x ranks), once all-reducing gradients only on
             the last micro-step (no_sync on the others, as autotune's trials do) and once on
             every micro-step (what a DDP loop without no_sync does);
-  buckets   accumulation 1 (every step all-reduces), one trial per --buckets size.
+  buckets   accumulation 1 (every step all-reduces), one trial per --buckets size;
+  hook      (--hook-rounds) accumulation 1, with and without the communication hook that times
+            the all-reduce: what measuring the communication costs the measured config.
 
 Prints each trial, then per config the median samples/sec and the exposed all-reduce share of the
 step, and the ratios. --json prints one JSON document instead.
@@ -46,6 +48,7 @@ def main() -> int:
                         help="bucket sizes in MB for the bucket sweep; empty to skip it")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the no_sync pair")
     parser.add_argument("--bucket-rounds", type=int, default=1)
+    parser.add_argument("--hook-rounds", type=int, default=0)
     parser.add_argument("--trial-seconds", type=float, default=60.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -69,8 +72,9 @@ def main() -> int:
                if m.ranks else None, "wall_s": round(m.wall_s, 1)}
         if not args.json:
             comm = row["comm_wait"]
+            wait = f"{100 * comm:.0f}% of the step" if comm is not None else "not timed"
             print(f"  {name:<22} {m.status} {m.samples_per_sec or 0:.3f} samples/s, all-reduce "
-                  f"wait {100 * comm if comm is not None else 0:.0f}% of the step, "
+                  f"wait {wait}, "
                   f"{row['windows']} windows, {m.wall_s:.0f}s" + (f" ({m.reason})"
                                                                    if m.reason else ""),
                   flush=True)
@@ -114,6 +118,21 @@ def main() -> int:
                 for b, m in medians.items():
                     print(f"  {b:>4} MB: {m['samples_per_sec']} samples/s, all-reduce wait "
                           f"{m['comm_wait']}, {_ratio(m, ref)}x the 25 MB default", flush=True)
+        if args.hook_rounds > 0:
+            one = replace(base, grad_accum_steps=1)
+            if not args.json:
+                print(f"hook: {args.micro_batch} x 1 x {args.nproc} ranks, {args.amp}", flush=True)
+            hook_rows: dict[str, list[dict[str, Any]]] = {"hook": [], "no_hook": []}
+            for r in range(args.hook_rounds):
+                hook_rows["hook"].append(trial(tmp, f"hook-{r}", one))
+                hook_rows["no_hook"].append(trial(tmp, f"no_hook-{r}", one, time_comm=False))
+            hook_medians = {k: _median(v) for k, v in hook_rows.items()}
+            cost = _ratio(hook_medians["hook"], hook_medians["no_hook"])
+            report["hook"] = {"config": one.to_dict(), "trials": hook_rows,
+                              "median": hook_medians, "ratio_hook_to_no_hook": cost}
+            if not args.json:
+                print(f"  median: with the hook {hook_medians['hook']['samples_per_sec']}, "
+                      f"without {hook_medians['no_hook']['samples_per_sec']}: {cost}x", flush=True)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
