@@ -24,6 +24,7 @@ import json
 import math
 import os
 import resource
+import select
 import signal
 import sys
 import threading
@@ -82,6 +83,12 @@ def _tie_to_tuner() -> None:
     in native code, a thread that notices the parent change or the tuner's end.
     """
     signal.signal(signal.SIGTERM, lambda signum, frame: os.killpg(os.getpgrp(), signal.SIGKILL))
+    # A Python handler runs only when the main thread runs Python; one blocked in native code (a
+    # collective whose peer is gone) would ignore torchrun's SIGTERM until its SIGKILL 30 s later.
+    # The C-level handler writes every signal to the wakeup fd at once: the watch thread acts on it.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     parent = os.getppid()
@@ -95,7 +102,9 @@ def _tie_to_tuner() -> None:
 
     def watch() -> None:
         while True:
-            time.sleep(0.5)
+            ready, _, _ = select.select([wake_r], [], [], 0.5)
+            if ready and int(signal.SIGTERM) in os.read(wake_r, 256):
+                os.killpg(os.getpgrp(), signal.SIGKILL)
             if orphaned():
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
@@ -326,6 +335,9 @@ def run(spec: dict[str, Any], progress: Progress, ranks: Ranks | None = None) ->
 
     ranks = ranks or Ranks()
     config = Config.from_dict(spec["config"])
+    if ranks.world != config.world_size:
+        raise SystemExit(f"autotune.bench: WORLD_SIZE is {ranks.world} but the config asks for "
+                         f"{config.world_size} rank(s)")
     measure = {**DEFAULT_MEASURE, **spec.get("measure", {})}
     device = torch.device("cuda", ranks.local_rank) \
         if spec["device"] == "cuda" else torch.device("cpu")
@@ -466,10 +478,23 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
         if elapsed + still * step_s > allowed:
             raise _TooSlow(step_s, config.samples_per_step / step_s)
 
+    micro0_s = 0.0
+
     def first_micro(micro: int) -> None:
+        """Within the first step: judge the step from its micro-steps so far. Micro-step 0
+        carries the start-up costs, so with 3+ micro-steps the estimate uses the later ones
+        (else a long accumulation would multiply those costs by the accumulation count)."""
+        nonlocal micro0_s
         sync()
         (elapsed,) = ranks.agree(time.time() - t_warm)
-        check_fits(elapsed / micro * config.grad_accum_steps, 0, elapsed)
+        if micro == 1:
+            micro0_s = elapsed
+            if config.grad_accum_steps > 2:
+                return
+            step_s = elapsed * config.grad_accum_steps
+        else:
+            step_s = (elapsed - micro0_s) / (micro - 1) * config.grad_accum_steps
+        check_fits(step_s, 0, elapsed)
 
     try:
         while len(step_times) < measure["warmup_max_steps"]:

@@ -72,7 +72,11 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
     env[TRIAL_TOKEN] = files["result"]
     bench = ("-m", "autotune.bench", files["spec"], files["result"], files["progress"])
     launcher: tuple[str, ...] = ()
-    if config.world_size > 1:
+    if config.world_size == 1:
+        # A tuner started inside a distributed job (torchrun, a Kubeflow pod) must not hand its
+        # own rank variables to a one-rank trial: it would join that job's process group.
+        env.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+    else:
         # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT for each rank, and
         # OMP_NUM_THREADS=1 unless it is set (as a torchrun training run would get it). No
         # restarts: a failed rank ends the trial, and torchrun stops the other ranks.
@@ -170,8 +174,10 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
             interrupted = True
         finally:
             _kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
-            proc.wait()
+            # Reap before wait(): until then the leader's pid (the group id) cannot be reused
+            # by an unrelated process that the group match would then kill.
             survivors = _reap_stragglers(p.env.get(TRIAL_TOKEN), proc.pid)
+            proc.wait()
     if on_event is not None:
         _forward_events(p.progress_path, seen, on_event)
     result = None

@@ -26,6 +26,12 @@ _OOM_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
+# torchrun's closing report names the rank that failed first and its exit code (negative: the
+# signal that killed it). A rank killed by a signal writes no report of its own.
+_TORCHRUN_ROOT = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+    re.DOTALL)
+
 # Why a trial ended when it did not simply finish (Measurement.ended_by).
 INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
 BUDGET = "budget"  # the run's --timeout: not a result, measured again by the next run
@@ -260,6 +266,16 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
             return Measurement("timeout", reason, windows=partial, breakdown=shares,
                                rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
         return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
+    root = _TORCHRUN_ROOT.search(raw.stderr_tail)
+    if root and int(root.group(2)) < 0 and (doc is None or (
+            "failed_at" in doc and doc.get("rank") != int(root.group(1)))):
+        # A rank died from a signal first; the others' reports (a peer closing the connection)
+        # are consequences of it.
+        rank, name = int(root.group(1)), _signal_name(int(root.group(2)))
+        if name == "SIGKILL":
+            return Measurement("oom", f"rank {rank} was killed by SIGKILL, most likely the "
+                               "kernel's OOM killer", **common)
+        return Measurement("error", f"rank {rank} died from {name}", **common)
     if doc is not None:
         problems = check_result(doc)
         if problems:

@@ -107,6 +107,14 @@ def test_a_rank_that_crashes_ends_the_trial_with_its_own_error(tmp_path: Path) -
     assert wall < 60
 
 
+def test_a_rank_killed_by_a_signal_is_the_cause_not_its_peers_errors(tmp_path: Path) -> None:
+    m, wall = _trial(tmp_path, "autotune.testing.workloads:crash",
+                     Config(micro_batch_size=4, world_size=2),
+                     params={"how": "segfault", "rank": 1, "after": 3})
+    assert m.status == "error" and m.reason == "rank 1 died from SIGSEGV", m.reason
+    assert wall < 60
+
+
 def test_a_rank_that_runs_out_of_memory_makes_the_trial_an_oom(tmp_path: Path) -> None:
     p = plan(workload={"spec": "autotune.testing.workloads:memhog",
                        "params": {"mib_per_sample": 2048, "rank": 1}},

@@ -150,8 +150,8 @@ def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
 
 def test_a_too_slow_config_ends_early_with_a_rough_rate(tmp_path: Path) -> None:
     # Each micro-batch sleeps 1 s; with accumulation 4 a step takes ~4 s, and warm-up plus one
-    # window cannot fit a 1 s measuring budget: the trial says so after the first micro-batch
-    # instead of running its steps to the hard timeout.
+    # window cannot fit a 1 s measuring budget: the trial says so after its second micro-batch
+    # (the first carries start-up costs) instead of running its steps to the hard timeout.
     p = plan(workload={"spec": "autotune.testing.workloads:slow", "params": {"step_s": 1.0}},
              config=Config(micro_batch_size=4, grad_accum_steps=4), device="cpu",
              workdir=tmp_path, timeout_s=60, measure={"max_seconds": 1, "min_window_s": 0.05})

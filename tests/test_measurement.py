@@ -166,3 +166,21 @@ def test_the_first_rank_to_fail_is_the_cause() -> None:
     assert doc is not None and doc["status"] == "oom"
     assert doc["reason"] == "rank 1: CUDA out of memory"
     assert first_failure([]) is None
+
+
+def test_a_rank_killed_by_the_kernel_is_an_oom_named_by_torchrun() -> None:
+    summary = ("autotune.bench FAILED\nFailures:\n[1]:\n  rank      : 0 (local_rank: 0)\n"
+               "  exitcode  : 1 (pid: 11)\nRoot Cause (first observed failure):\n[0]:\n"
+               "  time      : 2026-11-29_20:04:49\n  rank      : 1 (local_rank: 1)\n"
+               "  exitcode  : -9 (pid: 12)\n  error_file: <N/A>\n")
+    echo = {"schema": RESULT_SCHEMA, "status": "error", "rank": 0, "failed_at": 1.0,
+            "reason": "rank 0: RuntimeError: Connection closed by peer", "windows": [],
+            "peak_memory_bytes": 0}
+    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=summary,
+                           wall_s=3.0))
+    assert m.status == "oom" and m.reason is not None and m.reason.startswith("rank 1 was killed")
+    # The rank that reported is the root cause itself: its own report stands.
+    own = summary.replace("exitcode  : -9", "exitcode  : 1")
+    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=own,
+                           wall_s=3.0))
+    assert m.status == "error" and "Connection closed" in (m.reason or "")
