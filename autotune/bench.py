@@ -113,20 +113,12 @@ def _tie_to_tuner() -> None:
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie has ended: only its exit status is left)."""
-    if not os.path.isdir("/proc"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
-    return state not in ("Z", "X")
 
 
 class Ranks:
@@ -425,7 +417,6 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
     scaler = torch.amp.GradScaler("cuda", enabled=config.amp == "fp16" and device.type == "cuda")
     non_blocking = bool(loader_kwargs["pin_memory"])
     sync_each_micro = bool(measure.get("sync_each_micro"))
-    rank_samples_per_step = config.micro_batch_size * config.grad_accum_steps
 
     def sync() -> None:
         if device.type == "cuda":
@@ -544,8 +535,8 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
         wait = sum(step() for _ in range(steps_per_window))
         sync()
         seconds = time.perf_counter() - t
-        window = {"steps": steps_per_window, "samples": steps_per_window * rank_samples_per_step,
-                  "seconds": seconds, "data_wait_s": wait}
+        window = {"steps": steps_per_window, "seconds": seconds, "data_wait_s": wait,
+                  "samples": steps_per_window * config.samples_per_rank_step}
         if comm is not None:
             window["comm_wait_s"] = comm.take_wait()
         windows.append(window)

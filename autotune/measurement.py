@@ -181,7 +181,7 @@ def breakdown(windows: list[dict[str, Any]]) -> dict[str, float]:
 def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """One trial result from every rank's report (in rank order), by the slowest-rank rule.
 
-    Window i of the trial took as long as rank i's slowest window i (the ranks run in lockstep,
+    Window i of the trial took as long as the slowest rank's window i (the ranks run in lockstep,
     so the job goes at the pace of its slowest rank) and processed all ranks' samples; its data
     and communication waits are the slowest rank's. Ranks agree on every stop decision, so they
     report the same number of windows. Peak memory is the largest rank's (a per-rank limit).
@@ -218,9 +218,8 @@ def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
         w["samples"] = sum(d["windows"][i]["samples"] for d in docs)
         w["slowest_rank"] = docs[slowest].get("rank", slowest)
         windows.append(w)
-    rates = [w["samples"] / w["seconds"] for w in windows]
-    med, cv = median_and_cv(rates)
-    merged.update(windows=windows, samples_per_sec=med, spread_cv=cv if len(rates) > 1 else None,
+    med, cv, _ = _from_windows(windows)
+    merged.update(windows=windows, samples_per_sec=med, spread_cv=cv,
                   step_time_s=sum(w["seconds"] for w in windows) / sum(w["steps"]
                                                                        for w in windows))
     return merged

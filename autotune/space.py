@@ -257,8 +257,8 @@ def _config(values: dict[str, Any], baseline: Config, world_size: int) -> Config
     merged.update(values)
     merged["world_size"] = world_size
     for name, knob in KNOBS.items():
-        if not knob.active(merged):
-            merged[name] = knob.when[2] if knob.when else merged[name]
+        if knob.when is not None and not knob.active(merged):
+            merged[name] = knob.when[2]
     if merged["num_workers"] and merged["prefetch_factor"] is None:
         merged["prefetch_factor"] = 2  # DataLoader's default with workers
     return Config.from_dict(merged)
