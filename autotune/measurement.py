@@ -26,11 +26,33 @@ _OOM_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
-# torchrun's closing report names the rank that failed first and its exit code (negative: the
-# signal that killed it). A rank killed by a signal writes no report of its own.
-_TORCHRUN_ROOT = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
-    re.DOTALL)
+# torchrun's closing report lists the failed ranks with their exit codes (negative: the signal
+# that killed it), the "first observed" one last. A rank killed by a signal writes no report of
+# its own.
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n)*?\s*exitcode\s*:\s*(-?\d+)")
+_TORCHRUN_ROOT_MARK = "Root Cause (first observed failure):"
+# Signals torchrun itself sends to the ranks it stops after another one failed.
+_STOP_SIGNALS = {-signal.SIGTERM, -signal.SIGINT}
+
+
+def _signal_death(stderr_tail: str, reporter: int | None) -> tuple[int, int] | None:
+    """(rank, exit code) of a rank that torchrun saw die from a signal, when that is the cause.
+
+    torchrun stamps each failure with the second it noticed it, so when a rank dies from a signal
+    its peers' "connection reset" often fails in the same second and may be named the "first
+    observed". A signal death outranks a peer's written report: the dead rank could not write one.
+    """
+    summary = stderr_tail[stderr_tail.rfind("FAILED"):] if "FAILED" in stderr_tail else ""
+    deaths = [(int(r), int(c)) for r, c in _TORCHRUN_FAILURE.findall(summary)
+              if int(c) < 0 and int(r) != reporter]
+    if not deaths:
+        return None
+    root_at = summary.find(_TORCHRUN_ROOT_MARK)
+    root = _TORCHRUN_FAILURE.search(summary, root_at) if root_at >= 0 else None
+    if root and (int(root.group(1)), int(root.group(2))) in deaths:
+        return int(root.group(1)), int(root.group(2))
+    killed = [d for d in deaths if d[1] not in _STOP_SIGNALS]
+    return killed[0] if killed else None
 
 # Why a trial ended when it did not simply finish (Measurement.ended_by).
 INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
@@ -265,12 +287,13 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
             return Measurement("timeout", reason, windows=partial, breakdown=shares,
                                rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
         return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
-    root = _TORCHRUN_ROOT.search(raw.stderr_tail)
-    if root and int(root.group(2)) < 0 and (doc is None or (
-            "failed_at" in doc and doc.get("rank") != int(root.group(1)))):
-        # A rank died from a signal first; the others' reports (a peer closing the connection)
-        # are consequences of it.
-        rank, name = int(root.group(1)), _signal_name(int(root.group(2)))
+    death = None
+    if doc is None or "failed_at" in doc:
+        death = _signal_death(raw.stderr_tail, doc.get("rank") if doc else None)
+    if death:
+        # A rank died from a signal; the others' reports (a peer closing the connection) are
+        # consequences of it.
+        rank, name = death[0], _signal_name(death[1])
         if name == "SIGKILL":
             return Measurement("oom", f"rank {rank} was killed by SIGKILL, most likely the "
                                "kernel's OOM killer", **common)

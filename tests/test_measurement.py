@@ -184,3 +184,23 @@ def test_a_rank_killed_by_the_kernel_is_an_oom_named_by_torchrun() -> None:
     m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=own,
                            wall_s=3.0))
     assert m.status == "error" and "Connection closed" in (m.reason or "")
+
+
+def test_a_signal_death_is_the_cause_even_when_torchrun_names_a_peer_first() -> None:
+    # torchrun stamps failures by the second: the peer's "connection reset" can be named first.
+    summary = ("autotune.bench FAILED\n------\nFailures:\n[1]:\n  time      : 2026-11-29_20:04:49\n"
+               "  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 12)\n"
+               "  traceback : Signal 11 (SIGSEGV) received by PID 12\n------\n"
+               "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-29_20:04:49\n"
+               "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n")
+    echo = {"schema": RESULT_SCHEMA, "status": "error", "rank": 0, "failed_at": 1.0,
+            "reason": "rank 0: RuntimeError: Connection reset by peer", "windows": [],
+            "peak_memory_bytes": 0}
+    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=summary,
+                           wall_s=3.0))
+    assert m.status == "error" and m.reason == "rank 1 died from SIGSEGV", m.reason
+    # A rank that torchrun stopped with SIGTERM after the reporter failed is not a cause.
+    stopped = summary.replace("exitcode  : -11", "exitcode  : -15")
+    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=stopped,
+                           wall_s=3.0))
+    assert m.status == "error" and "Connection reset" in (m.reason or ""), m.reason
