@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup run test test-gpu lint
+.PHONY: setup run test test-gpu lint bench
 
 # Create the virtual environment. torch is installed only when missing, pinned to 2.13.0 then
 # (a CPU wheel where one is available locally; elsewhere the normal build), so a GPU user's own
@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/autotune run --model bert
 
 lint: setup
-	$(BIN)/ruff check autotune objectives tests
+	$(BIN)/ruff check autotune objectives tests benchmarks
 	$(BIN)/mypy autotune
 
 test: setup lint
@@ -30,3 +30,9 @@ test: setup lint
 # On a machine with CUDA GPUs (scripts/gpu_check.sh runs this too).
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m "gpu or multi_gpu"
+
+# The search benchmark: every strategy replayed against the grids measured on this project's CPU
+# (benchmarks/data/); seconds. `python benchmarks/search_efficiency.py measure --workload W`
+# measures a grid on your machine first.
+bench: setup
+	$(BIN)/python benchmarks/search_efficiency.py replay

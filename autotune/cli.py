@@ -119,6 +119,16 @@ def run(
         help="Measuring budget per trial, warm-up included")] = 60.0,
     window_seconds: Annotated[float, typer.Option(
         help="Minimum length of one timed window")] = 1.0,
+    patience: Annotated[int, typer.Option(
+        help="Stop when this many trials in a row beat the best by no more than the noise "
+             "(0: never stop early)")] = 10,
+    confirm_top: Annotated[int, typer.Option(
+        help="Configs re-measured at the end, interleaved with the baseline, to pick the "
+             "winner (0: no confirmation)")] = 3,
+    confirm_rounds: Annotated[int, typer.Option(
+        help="Interleaved rounds of that re-measurement")] = 3,
+    prune: Annotated[bool, typer.Option(
+        help="Stop trials whose first windows are clearly below the best")] = True,
     debug: Annotated[bool, typer.Option(help="Show tracebacks")] = False,
 ) -> None:
     """Tune a workload on this machine and export the winner as a profile."""
@@ -130,6 +140,10 @@ def run(
     if trial_seconds <= 0 or window_seconds <= 0:
         raise UsageError(f"--trial-seconds and --window-seconds must be positive, got "
                          f"{trial_seconds:g} and {window_seconds:g}")
+    if patience < 0 or confirm_top < 0 or confirm_rounds < 2:
+        raise UsageError(f"--patience and --confirm-top must be >= 0 and --confirm-rounds >= 2 "
+                         f"(a spread needs two rounds), got {patience}, {confirm_top} and "
+                         f"{confirm_rounds}")
     hard = parse_duration(trial_timeout, "--trial-timeout") or 180.0
     if trial_seconds > hard * 2 / 3:
         # Start-up, model build and the slow first step need room under the hard limit.
@@ -141,7 +155,9 @@ def run(
         study_name=study, trials=trials, timeout_s=parse_duration(timeout, "--timeout"),
         memory_limit=memory_limit, out_dir=out, seed=seed,
         trial_timeout_s=hard, nproc=nproc, global_batch=global_batch,
-        measure={"max_seconds": trial_seconds, "min_window_s": window_seconds})
+        measure={"max_seconds": trial_seconds, "min_window_s": window_seconds},
+        patience=patience or None, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
+        prune=prune)
     _sigterm_as_interrupt()
     summary = run_study(opts, ConsoleReporter())
     if summary.best is None:

@@ -13,7 +13,9 @@ from rich.table import Table
 
 from autotune.hardware import format_bytes
 from autotune.knobs import Config
+from autotune.measurement import Measurement
 from autotune.results import TrialView
+from autotune.search import Candidate
 from autotune.study import RunSummary, StartInfo
 
 
@@ -68,6 +70,7 @@ class ConsoleReporter:
         self.trials_target: int | None = None
         self.done = 0
         self.durations: list[float] = []
+        self._confirm_started = False
 
     # -- Reporter protocol ----------------------------------------------------------------------
 
@@ -134,12 +137,15 @@ class ConsoleReporter:
 
     def trial_finished(self, view: TrialView, best: TrialView | None) -> None:
         self.best = best
-        if view.reused_from is None:
+        ran = view.reused_from is None and not view.predicted
+        if ran:
             self.done += 1
             self.durations.append(time.monotonic() - self._trial_start)
         tag = ""
         if view.is_baseline:
             tag = " baseline"
+        elif view.stage:
+            tag = f" ({view.stage})"
         if best is not None and best.number == view.number:
             tag += " new best"
         if view.status == "ok":
@@ -147,12 +153,32 @@ class ConsoleReporter:
                     f"peak {format_bytes(view.peak_memory_bytes)}")
             if view.reused_from is not None:
                 what += f" (same config as trial #{view.reused_from}: not re-run)"
+        elif view.predicted:
+            what = f"not run, {view.reason}"
         else:
             what = f"{view.status}: {view.reason}"
         line = f"  #{view.number:<3} {short(view.config):<44} {what}{tag}"
         if self.progress is not None and self.task is not None:
-            if view.reused_from is None:
+            if ran:
                 self.progress.advance(self.task)
+            self.progress.console.print(line)
+        else:
+            self.console.print(line)
+
+    def confirming(self, round_index: int, rounds: int, candidate: Candidate,
+                   measurement: Measurement) -> None:
+        if not self._confirm_started:
+            self._confirm_started = True
+            self._print("confirming the top configs and the baseline: interleaved rounds, "
+                        "windows twice as long")
+        tag = " (baseline)" if candidate.is_baseline else ""
+        what = _rate(measurement.samples_per_sec, measurement.spread_cv) if measurement.ok \
+            else f"{measurement.status}: {measurement.reason}"
+        self._print(f"  round {round_index + 1}/{rounds} #{candidate.number:<3} "
+                    f"{short(candidate.config):<44} {what}{tag}")
+
+    def _print(self, line: str) -> None:
+        if self.progress is not None:
             self.progress.console.print(line)
         else:
             self.console.print(line)
@@ -162,11 +188,14 @@ class ConsoleReporter:
             self.progress.stop()
         p = self.console.print
         ran = [t for t in summary.trials if t.reused_from is None]
+        ruled_out = [t for t in ran if t.predicted]
+        ran = [t for t in ran if not t.predicted]
         counts = Counter(t.status for t in ran)
-        repeats = len(summary.trials) - len(ran)
+        repeats = len(summary.trials) - len(ran) - len(ruled_out)
         outcomes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         p(f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study"
           + (f" ({outcomes})" if outcomes else "")
+          + (f", {len(ruled_out)} ruled out by the memory model" if ruled_out else "")
           + (f" and {repeats} repeated config(s) not re-run" if repeats else "")
           + f"; this run took {summary.wall_s / 60:.1f} min")
         if summary.best is None:
@@ -190,8 +219,25 @@ class ConsoleReporter:
                           format_bytes(view.peak_memory_bytes),
                           *(f"{b.get(k, 0) * 100:.0f}%" for k in shares))
         p(table)
+        conf = summary.confirmation
+        if conf is not None:
+            d = conf["decision"]
+            p(f"confirmation: {conf['rounds']} interleaved rounds, windows twice as long; winner "
+              f"#{d['winner_trial']} by {d['decided_by']} (margin {100 * d['margin']:.1f}%: twice "
+              "the pooled spread of the top two)")
+            for c in conf["candidates"]:
+                rates = ", ".join(f"{r:,.2f}" for r in c["samples_per_sec"]) or "-"
+                note = " baseline" if c["baseline"] else ""
+                if str(c["trial"]) in d["excluded"]:
+                    note += f" (cannot win: {d['excluded'][str(c['trial'])]})"
+                p(f"  #{c['trial']:<3} median {c['median'] or 0:,.2f} samples/s from [{rates}], "
+                  f"spread {100 * c['spread_cv']:.1f}%, peak "
+                  f"{format_bytes(c['peak_memory_bytes'])}{note}")
+        elif summary.confirm_skipped:
+            p(f"not confirmed: {summary.confirm_skipped}")
         if summary.speedup is not None:
-            p(f"speedup over the baseline: {summary.speedup:.2f}x")
+            how = " (measured side by side)" if summary.confirmed_speedup is not None else ""
+            p(f"speedup over the baseline: {summary.speedup:.2f}x{how}")
         if summary.baseline is not None:
             before = summary.baseline.config.samples_per_step
             after = summary.best.config.samples_per_step

@@ -134,10 +134,12 @@ def _read_windows(path: str) -> list[dict[str, Any]]:
             for e in _read_events(path) if e.get("event") == "window"]
 
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
-            poll_s: float = 0.1) -> RawResult:
+            poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None) -> RawResult:
     """Run a planned trial to its end, its timeout or its memory limit; returns what was seen.
 
-    KeyboardInterrupt kills the trial's process group and comes back as ``interrupted``.
+    ``should_stop`` is asked after the trial's progress events are forwarded; a reason it returns
+    ends the trial (pruning) and comes back as ``stopped``. KeyboardInterrupt kills the trial's
+    process group and comes back as ``interrupted``.
     """
     Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
     Path(p.spec_path).write_text(json.dumps(p.spec))
@@ -149,6 +151,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     env["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, env.get("PYTHONPATH")) if x)
     start = time.monotonic()
     timed_out = killed_for_memory = interrupted = False
+    stopped: str | None = None
     peak = 0
     seen = 0
     with open(p.stderr_path, "wb") as err:
@@ -169,6 +172,10 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
                         break
                 if on_event is not None:
                     seen = _forward_events(p.progress_path, seen, on_event)
+                if should_stop is not None:
+                    stopped = should_stop()
+                    if stopped:
+                        break
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             interrupted = True
@@ -202,7 +209,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         wall_s=time.monotonic() - start, tree_peak_bytes=peak,
         killed_for_memory=killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
         interrupted=interrupted, timeout_s=p.timeout_s,
-        partial_windows=_read_windows(p.progress_path) if timed_out else [],
+        partial_windows=_read_windows(p.progress_path) if timed_out or stopped else [],
+        stopped=stopped,
     )
 
 

@@ -60,6 +60,7 @@ BUDGET = "budget"  # the run's --timeout: not a result, measured again by the ne
 TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit
 TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its budget
 MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
+PRUNED = "pruned"  # the tuner stopped it: its first windows were clearly below the best
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -83,6 +84,7 @@ class RawResult:
     interrupted: bool = False
     timeout_s: float = 0.0
     partial_windows: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str | None = None  # the tuner ended it early (pruning), with this reason
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,11 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     if raw.killed_for_memory:
         return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
                            ended_by=MEMORY_LIMIT, **common)
+    if raw.stopped:
+        med, cv, shares = _from_windows(raw.partial_windows) if raw.partial_windows \
+            else (None, None, {})
+        return Measurement("pruned", raw.stopped, windows=raw.partial_windows, breakdown=shares,
+                           rough_samples_per_sec=med, ended_by=PRUNED, **common)
     if raw.timed_out:
         partial = raw.partial_windows
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"

@@ -38,6 +38,8 @@ class Profile:
     provenance: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    # The interleaved re-measurement that chose the winner (absent when there was none).
+    confirmation: dict[str, Any] | None = None
 
     @property
     def micro_batch_size(self) -> int:
@@ -63,6 +65,7 @@ class Profile:
             "fingerprint": self.fingerprint,
             "provenance": self.provenance,
             "notes": list(self.notes),
+            **({"confirmation": self.confirmation} if self.confirmation else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -99,7 +102,8 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
     return Profile(workload=data["workload"], config=config, env=dict(data["env"] or {}),
                    result=result, baseline=data["baseline"], speedup=data["speedup"],
                    fingerprint=data["fingerprint"], provenance=data["provenance"],
-                   notes=list(data.get("notes") or []))
+                   notes=list(data.get("notes") or []),
+                   confirmation=data.get("confirmation") or None)
 
 
 def load_profile(path: str | Path, check_fingerprint: bool = True) -> Profile:

@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.knobs import Config, env_for
 from autotune.profile import Profile
+from autotune.search import Observation
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class TrialView:
     overhead_share: float | None
     reused_from: int | None = None
     tflops: float | None = None
+    predicted: bool = False  # skipped on the memory model's word: nothing ran
+    stage: str | None = None  # why the search proposed it, when it was not the sampler
 
 
 def view(t: FrozenTrial) -> TrialView:
@@ -42,7 +45,8 @@ def view(t: FrozenTrial) -> TrialView:
         spread_cv=m.get("spread_cv"), peak_memory_bytes=int(m.get("peak_memory_bytes", 0)),
         breakdown=m.get("breakdown") or {}, is_baseline=bool(a.get("baseline")),
         wall_s=float(m.get("wall_s", 0.0)), overhead_share=a.get("overhead_share"),
-        reused_from=a.get("reused_from"), tflops=m.get("tflops"))
+        reused_from=a.get("reused_from"), tflops=m.get("tflops"),
+        predicted=bool(a.get("predicted")), stage=a.get("stage"))
 
 
 def recorded(study: optuna.Study) -> list[FrozenTrial]:
@@ -53,8 +57,27 @@ def recorded(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Recorded trials that ran a process; repeats of a measured config reuse its outcome."""
-    return [t for t in trials if t.user_attrs.get("reused_from") is None]
+    """Recorded trials that ran a process; repeats of a measured config reuse its outcome, and
+    configs the memory model ruled out did not run."""
+    return [t for t in trials if t.user_attrs.get("reused_from") is None
+            and not t.user_attrs.get("predicted")]
+
+
+def observations(trials: list[FrozenTrial]) -> list[Observation]:
+    """What the search reads of the study: one observation per trial that ran or was ruled
+    out (repeats of a config add nothing), in trial order."""
+    out = []
+    for t in trials:
+        a = t.user_attrs
+        if a.get("reused_from") is not None:
+            continue
+        m = a.get("measurement") or {}
+        out.append(Observation(
+            config=Config.from_dict(a["config"]), status=a.get("status", "error"),
+            samples_per_sec=m.get("samples_per_sec"),
+            peak_memory_bytes=int(m.get("peak_memory_bytes") or 0),
+            spread_cv=m.get("spread_cv"), predicted=bool(a.get("predicted")), number=t.number))
+    return out
 
 
 def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
@@ -70,9 +93,31 @@ def pick_baseline(trials: list[FrozenTrial]) -> FrozenTrial | None:
     return base[-1] if base else None
 
 
+def confirmed(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, Any] | None:
+    """The study's confirmation, when it covers the trials recorded now (a resumed run that
+    added trials must confirm again) and picked a winner."""
+    conf = study.user_attrs.get("confirmation")
+    if not conf or conf.get("measured_trials") != len(measured(trials)):
+        return None
+    return conf if conf.get("decision", {}).get("winner_trial") is not None else None
+
+
+def confirmed_winner(study: optuna.Study, trials: list[FrozenTrial],
+                     limit: int) -> FrozenTrial | None:
+    """The confirmation's winner, else the fastest trial within the limit."""
+    conf = confirmed(study, trials)
+    if conf is not None:
+        number = conf["decision"]["winner_trial"]
+        for t in trials:
+            if t.number == number:
+                return t
+    return pick_best(trials, limit)
+
+
 def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial | None,
                   trials: list[FrozenTrial], limit: int, storage: str,
-                  global_batch: int | None = None) -> Profile:
+                  global_batch: int | None = None,
+                  confirmation: dict[str, Any] | None = None) -> Profile:
     m = best.user_attrs["measurement"]
     config = Config.from_dict(best.user_attrs["config"])
     result = {
@@ -104,6 +149,28 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                          "learning rate and schedule accordingly")
     else:
         notes.append("the baseline has not been measured yet: no speedup is claimed")
+    if confirmation is not None:
+        by_trial = {c["trial"]: c for c in confirmation["candidates"]}
+        win = by_trial.get(best.number)
+        base = next((c for c in confirmation["candidates"] if c["baseline"]), None)
+        if win is not None and win["median"]:
+            result["trial_samples_per_sec"] = result["samples_per_sec"]
+            result["samples_per_sec"] = win["median"]
+            result["spread_cv"] = win["spread_cv"]
+            result["peak_memory_bytes"] = max(result["peak_memory_bytes"],
+                                              win["peak_memory_bytes"])
+            if base is not None and base["median"]:
+                base_block["samples_per_sec"] = base["median"]
+                base_block["spread_cv"] = base["spread_cv"]
+                speedup = round(win["median"] / base["median"], 3)
+                notes.append(f"speedup measured side by side: {confirmation['rounds']} "
+                             "interleaved rounds of the top configs and the baseline")
+        d = confirmation["decision"]
+        notes.append(f"winner decided by {d['decided_by']} (margin {100 * d['margin']:.1f}%, "
+                     "twice the pooled spread of the top two)")
+    else:
+        notes.append("not confirmed by an interleaved re-measurement: the samples/sec are the "
+                     "search trial's own")
     if global_batch is not None:
         notes.append(f"global batch kept at {global_batch} samples per optimizer step "
                      f"(--global-batch): {config.micro_batch_size} per micro-batch x "
@@ -118,7 +185,7 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                     "repeats_reused": len(trials) - len(measured(trials)),
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},
-        notes=notes)
+        notes=notes, confirmation=confirmation)
 
 
 def _round(value: float | None) -> float | None:

@@ -211,6 +211,14 @@ class NarrowedSpace:
         assert name == "grad_accum_steps" and self.global_batch is not None
         return self.global_batch // self.world_size // micro
 
+    def variant(self, base: Config, **changes: Any) -> Config:
+        """``base`` with ``changes``, then the space's fixed values, derived knobs and
+        conditions applied: the config a trial enqueued with ``params_for`` of it would run."""
+        values = {**base.to_dict(), **{n: v for n, (v, _) in self.fixed.items()}, **changes}
+        for name in self.derived:
+            values[name] = self._derived_value(name, values["micro_batch_size"])
+        return _config(values, base, self.world_size)
+
     def params_for(self, config: Config) -> dict[str, Any]:
         """Optuna params that make a trial run ``config`` (for enqueueing the baseline)."""
         data = config.to_dict()

@@ -47,11 +47,27 @@ from autotune.profile import fingerprint_diff
 from autotune.results import (
     TrialView,
     build_profile,
+    confirmed,
+    confirmed_winner,
     measured,
+    observations,
     pick_baseline,
     pick_best,
     recorded,
     view,
+)
+from autotune.search import (
+    HEADROOM,
+    PATIENCE,
+    Candidate,
+    MemoryModel,
+    confirmation_seconds,
+    decide,
+    noise_of,
+    plan_confirmation,
+    prune_reason,
+    since_improvement,
+    staged_next,
 )
 from autotune.space import NarrowedSpace, baseline_for_global_batch, load_space, narrow
 from autotune.workloads import WorkloadSpec, resolve
@@ -61,6 +77,7 @@ HEARTBEAT_S = 10
 GRACE_S = 60
 TPE_STARTUP_TRIALS = 5
 MAX_TWINS_IN_A_ROW = 20
+CONFIRM_SHARE = 0.4  # at most this share of a --timeout is kept for the confirmation
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -84,6 +101,11 @@ class RunOptions:
     nproc: int | None = None  # ranks per trial; None: one per visible GPU, 1 on CPU
     global_batch: int | None = None  # keep micro x accumulation x ranks at this value
     measure: dict[str, Any] = field(default_factory=dict)
+    patience: int | None = PATIENCE  # stop after this many trials with no win beyond the noise
+    confirm_top: int = 3  # configs re-measured at the end (0: no confirmation)
+    confirm_rounds: int = 3  # interleaved rounds of that re-measurement
+    headroom: float = HEADROOM  # share of the memory limit the exported config keeps free
+    prune: bool = True  # stop trials whose first windows are clearly below the best
     address_space_bytes: int | None = None  # RLIMIT_AS for trial processes (tests)
     hardware: Hardware | None = None  # detected when None
 
@@ -114,9 +136,14 @@ class RunSummary:
     wall_s: float
     interrupted: bool = False
     stop_reason: str = ""
+    confirmation: dict[str, Any] | None = None  # as recorded in the study and the profile
+    confirmed_speedup: float | None = None  # winner / baseline, measured side by side
+    confirm_skipped: str | None = None  # why this run did not confirm, when it did not
 
     @property
     def speedup(self) -> float | None:
+        if self.confirmed_speedup is not None:
+            return self.confirmed_speedup
         if self.best and self.baseline and self.baseline.samples_per_sec:
             return (self.best.samples_per_sec or 0.0) / self.baseline.samples_per_sec
         return None
@@ -128,6 +155,8 @@ class Reporter(Protocol):
                       is_baseline: bool, timeout_s: float) -> None: ...
     def trial_event(self, event: dict[str, Any]) -> None: ...
     def trial_finished(self, view: TrialView, best: TrialView | None) -> None: ...
+    def confirming(self, round_index: int, rounds: int, candidate: Candidate,
+                   measurement: Measurement) -> None: ...
     def finished(self, summary: RunSummary) -> None: ...
 
 
@@ -247,6 +276,7 @@ class Runner:
             self.workload_name, self.workload_spec, self.space, self.hw)
         self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
         _check_writable(self.out_dir)
+        self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.storage = open_storage(self.storage_url)
         self.study = self._open_study()
 
@@ -366,9 +396,15 @@ class Runner:
         if o.timeout_s is not None:
             parts.append(f"{_duration(o.timeout_s)} of wall time")
         measuring = float(o.measure.get("max_seconds", 60.0))
+        confirm = ""
+        if o.confirm_top > 0:
+            confirm = (f"; then the top {o.confirm_top} and the baseline are re-measured, "
+                       f"{o.confirm_rounds} interleaved rounds"
+                       + (f" (within the time budget: up to {100 * CONFIRM_SHARE:.0f}% of it)"
+                          if o.timeout_s is not None else ""))
         return (" or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
                 + f"; each trial measures for at most {measuring:.0f}s and is killed at "
-                f"{o.trial_timeout_s:.0f}s")
+                f"{o.trial_timeout_s:.0f}s" + confirm)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -389,25 +425,60 @@ class Runner:
                 stop_reason = f"reached {self.opts.trials} trials"
                 break
             remaining = deadline - time.monotonic() if deadline else None
-            if remaining is not None and remaining < _shortest_useful_trial(trials):
-                stop_reason = f"time budget of {_duration(self.opts.timeout_s or 0)} spent"
+            reserve = self._confirmation_reserve(trials)
+            if remaining is not None and remaining - reserve < _shortest_useful_trial(trials):
+                stop_reason = f"time budget of {_duration(self.opts.timeout_s or 0)} spent" + (
+                    f" ({_duration(reserve)} of it kept for confirmation)" if reserve else "")
                 break
             if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
-                stop_reason = (f"the sampler proposed {twins_in_a_row} measured configs in a row: "
-                               "the space looks exhausted")
+                stop_reason = (f"the sampler proposed {twins_in_a_row} measured or ruled-out "
+                               "configs in a row: the space looks exhausted")
+                break
+            staging = self._stage(trials)
+            obs = observations(trials)
+            noise = noise_of(obs)
+            if not staging and self.opts.patience is not None \
+                    and since_improvement(obs, noise) >= self.opts.patience:
+                stop_reason = (f"no trial beat the best by more than the noise "
+                               f"({100 * noise:.1f}%) in the last {self.opts.patience} trials")
                 break
             try:
-                reused = self._one_trial(remaining)
+                reused = self._one_trial(None if remaining is None else remaining - reserve)
             except KeyboardInterrupt:
                 interrupted, stop_reason = True, "interrupted"
                 break
             twins_in_a_row = twins_in_a_row + 1 if reused else 0
+        if not interrupted:
+            try:
+                self._confirm(deadline)
+            except KeyboardInterrupt:
+                interrupted, stop_reason = True, "interrupted during confirmation"
         summary = self._summary(time.monotonic() - start, interrupted, stop_reason)
         self.reporter.finished(summary)
         if interrupted:
             raise Interrupted(f"interrupted; study {self.study_name} is saved in "
                               f"{redact(self.storage_url)}: run the same command to resume")
         return summary
+
+    def _stage(self, trials: list[FrozenTrial]) -> bool:
+        """Queue the staged search's next config unless a trial is already waiting; returns
+        whether the staged start is still going (queued or waiting)."""
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if waiting:
+            return any(t.user_attrs.get("stage") or t.user_attrs.get("baseline")
+                       for t in waiting)
+        obs = observations(trials)
+        proposal = staged_next(self.space, self.baseline, obs, self._memory_model(obs))
+        if proposal is None:
+            return False
+        self.study.enqueue_trial(self.space.params_for(proposal.config),
+                                 user_attrs={"stage": proposal.stage})
+        return True
+
+    def _memory_model(self, obs: list[Any] | None = None) -> MemoryModel:
+        if obs is None:
+            obs = observations(recorded(self.study))
+        return MemoryModel(obs, self.hw.device, self.limit, self.opts.headroom)
 
     def _one_trial(self, remaining: float | None) -> bool:
         """Ask, measure (or reuse), record, export. Returns whether a measurement was reused."""
@@ -438,6 +509,13 @@ class Runner:
             cut = remaining is not None and remaining < self.opts.trial_timeout_s
             timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
             twin = None if is_baseline else self._measured_twin(config)
+            verdict = None if is_baseline or twin else self._memory_model().verdict(config)
+            if verdict is not None:  # ruled out by the memory model: nothing runs
+                self._record_predicted(trial, verdict[0], verdict[1])
+                told = True
+                self.reporter.trial_finished(view(self.storage.get_trial(trial._trial_id)),
+                                             self._best_view())
+                return True
             if twin is not None:  # reported once, when recorded: nothing runs
                 attrs = twin.user_attrs
                 m = Measurement(**{**attrs["measurement"], "stderr_tail": ""})
@@ -446,7 +524,7 @@ class Runner:
                 self.reporter.trial_started(trial.number, done + 1, self.opts.trials, config,
                                             is_baseline, timeout)
                 trial.set_user_attr("measure_settings", self._measure_settings())
-                m = self._measure(trial, config, timeout)
+                m = self._measure(trial, config, timeout, prune=not is_baseline)
                 m = self._remeasure_if_promising(trial, config, m, remaining)
                 if cut and m.ended_by == TRIAL_TIMEOUT and not trial.user_attrs.get("budget_cut"):
                     # The run's budget ended this trial, not the config's speed: not a result,
@@ -470,6 +548,22 @@ class Runner:
                 with contextlib.suppress(Exception):
                     trial.set_user_attr("interrupted", True)
                     self.study.tell(trial, state=TrialState.FAIL)
+
+    def _best_view(self) -> TrialView | None:
+        best = pick_best(recorded(self.study), self.limit)
+        return view(best) if best else None
+
+    def _record_predicted(self, trial: optuna.Trial, reason: str, peak: float | None) -> None:
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("reason", reason)
+        trial.set_user_attr("predicted", True)
+        trial.set_user_attr("measurement", {
+            "status": "pruned", "reason": reason, "peak_memory_bytes": 0, "wall_s": 0.0,
+            "windows": [], "predicted_peak_memory_bytes": None if peak is None else int(peak)})
+        trial.set_user_attr("memory_limit_bytes", self.limit)
+        # Infeasible for the sampler, like an OOM: its constraint is the predicted excess.
+        trial.set_constraint("memory", max(1.0, (peak or 0.0) - self.limit))
+        self.study.tell(trial, state=TrialState.PRUNED)
 
     def _measured_twin(self, config: Config) -> FrozenTrial | None:
         """An earlier trial of exactly this config, measured with the same settings: its outcome
@@ -506,17 +600,36 @@ class Runner:
         return self._measure(trial, config, room, max_seconds=budget)
 
     def _measure(self, trial: optuna.Trial, config: Config, timeout: float,
-                 max_seconds: float | None = None) -> Measurement:
-        workdir = self.out_dir / "trials" / f"{trial.number:04d}"
+                 max_seconds: float | None = None, prune: bool = False) -> Measurement:
         measure = dict(self.opts.measure)
         if max_seconds is not None:
             measure["max_seconds"] = max_seconds
+        best = self._best_view() if prune and self.opts.prune else None
+        return self._run_config(config, self.out_dir / "trials" / f"{trial.number:04d}",
+                                timeout, measure, best.samples_per_sec if best else None)
+
+    def _run_config(self, config: Config, workdir: Path, timeout: float,
+                    measure: dict[str, Any], prune_below_best: float | None = None,
+                    report: bool = True) -> Measurement:
+        """One trial process (or torchrun group) for ``config``; with ``prune_below_best``, it
+        is stopped once its first windows are all clearly below that rate."""
+        rates: list[float] = []
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("event") == "window":
+                rates.append(float(event["samples_per_sec"]))
+            if report:
+                self.reporter.trial_event(event)
+
         p = launch.plan(
             workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
             config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
             measure=measure, memory_limit_bytes=self.limit,
             address_space_bytes=self.opts.address_space_bytes)
-        return classify(launch.execute(p, on_event=self.reporter.trial_event), self.hw.device)
+        return classify(launch.execute(
+            p, on_event=on_event,
+            should_stop=(lambda: prune_reason(rates, prune_below_best))
+            if prune_below_best else None), self.hw.device)
 
     def _record(self, trial: optuna.Trial, config: Config, m: Measurement) -> None:
         data = m.to_dict()
@@ -535,11 +648,17 @@ class Runner:
                 "retry_of": trial.number, "baseline": bool(trial.user_attrs.get("baseline")),
                 "budget_cut": m.ended_by == BUDGET})
             return
-        if m.status in ("ok", "oom"):
+        if m.status in ("ok", "oom", "pruned"):
             # <= 0 is feasible. An OOM is infeasible whatever peak was sampled before it died.
             over = float(m.peak_memory_bytes - self.limit)
-            trial.set_constraint("memory", over if m.ok else max(over, 1.0))
-        if m.ok:
+            trial.set_constraint("memory", max(over, 1.0) if m.status == "oom" else over)
+        if m.status == "pruned":
+            # Stopped for being clearly slower than the best: its windows tell the sampler how
+            # much slower.
+            for i, w in enumerate(m.windows):
+                trial.report(w["samples"] / w["seconds"], i)
+            self.study.tell(trial, state=TrialState.PRUNED)
+        elif m.ok:
             for i, w in enumerate(m.windows):
                 trial.report(w["samples"] / w["seconds"], i)
             self.study.tell(trial, m.samples_per_sec)
@@ -553,24 +672,129 @@ class Runner:
         else:
             self.study.tell(trial, state=TrialState.FAIL)
 
+    # -- confirmation ---------------------------------------------------------------------------
+
+    def _confirm_measure(self) -> dict[str, Any]:
+        """Longer windows than a trial's (twice as long), within the same measuring budget."""
+        from autotune.bench import DEFAULT_MEASURE
+
+        base = {**DEFAULT_MEASURE, **self.opts.measure}
+        return {**base, "min_window_s": 2 * float(base["min_window_s"])}
+
+    def _candidates(self, trials: list[FrozenTrial]) -> list[Candidate]:
+        """The top configs by their trial (distinct, ok, within the limit) and the baseline."""
+        ok = [t for t in measured(trials) if t.user_attrs.get("status") == "ok"
+              and t.user_attrs["measurement"]["peak_memory_bytes"] <= self.limit]
+        ok.sort(key=lambda t: -t.user_attrs["measurement"]["samples_per_sec"])
+        top = ok[:self.opts.confirm_top]
+        base = pick_baseline(trials)
+        if base is not None and base.number not in {t.number for t in top}:
+            top.append(base)
+        return [Candidate(t.number, Config.from_dict(t.user_attrs["config"]),
+                          is_baseline=bool(t.user_attrs.get("baseline"))) for t in top]
+
+    def _confirmation_plan(self, trials: list[FrozenTrial],
+                           left: float | None) -> tuple[list[Candidate], int] | str:
+        return plan_confirmation(self._candidates(trials), _walls(trials),
+                                 self.opts.confirm_rounds, left)
+
+    def _confirmation_reserve(self, trials: list[FrozenTrial]) -> float:
+        """Seconds of the --timeout kept for the confirmation: what the largest plan within
+        CONFIRM_SHARE of the budget needs; nothing when even the smallest does not fit there."""
+        if self.opts.confirm_top <= 0 or not self.opts.timeout_s:
+            return 0.0
+        share = CONFIRM_SHARE * self.opts.timeout_s
+        plan = self._confirmation_plan(trials, share)
+        if isinstance(plan, str):
+            return 0.0
+        return min(share, confirmation_seconds(plan[0], _walls(trials), plan[1]))
+
+    def _confirm(self, deadline: float | None) -> None:
+        """Re-measure the top configs and the baseline interleaved (A B C A B C ...) with longer
+        windows, and record the decision on the study; the profile is exported from it."""
+        trials = recorded(self.study)
+        if self.opts.confirm_top <= 0 or confirmed(self.study, trials) is not None:
+            return
+        plan = self._confirmation_plan(
+            trials, None if deadline is None else deadline - time.monotonic())
+        if isinstance(plan, str):
+            self.confirm_skipped = plan
+            return
+        cands, rounds = plan
+        measure = self._confirm_measure()
+        done = 0
+        for r in range(rounds):
+            # A round counts only when every config ran in it: a round cut by the --timeout would
+            # compare one config's fresh run with another's missing one.
+            results = []
+            for c in cands:
+                timeout = self.opts.trial_timeout_s
+                if deadline is not None:
+                    timeout = min(timeout, deadline - time.monotonic())
+                if timeout < 1.0:
+                    break
+                m = self._run_config(c.config, self.out_dir / "confirm" / f"{r + 1}-{c.number:04d}",
+                                     timeout, measure, report=False)
+                if m.ended_by == INTERRUPTED:
+                    raise KeyboardInterrupt
+                if m.ended_by == TRIAL_TIMEOUT and timeout < self.opts.trial_timeout_s:
+                    break  # the run's budget ended it, not the config
+                results.append((c, m))
+                self.reporter.confirming(r, rounds, c, m)
+            if len(results) < len(cands):
+                break
+            for c, m in results:
+                if m.ok and m.samples_per_sec:
+                    c.rates.append(m.samples_per_sec)
+                    c.peaks.append(m.peak_memory_bytes)
+                    c.window_cvs.append(m.spread_cv or 0.0)
+                else:
+                    c.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
+            done += 1
+        if done < 2:
+            self.confirm_skipped = (f"the --timeout ended the confirmation after {done} complete "
+                                    "round(s); two are needed for a spread")
+            return
+        rounds = done
+        decision = decide(cands, self.limit, self.opts.headroom)
+        self.study.set_user_attr("confirmation", {
+            "measured_trials": len(measured(trials)), "rounds": rounds,
+            "measure": {k: measure[k] for k in sorted(measure)},
+            "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
+            "created": datetime.now(UTC).isoformat(timespec="seconds")})
+
     # -- results --------------------------------------------------------------------------------
 
     def _export(self) -> Path | None:
         trials = recorded(self.study)
-        best = pick_best(trials, self.limit)
+        best = confirmed_winner(self.study, trials, self.limit)
         if best is None:
             return None
         profile = build_profile(self.study, best, pick_baseline(trials), trials, self.limit,
-                                redact(self.storage_url), self.opts.global_batch)
+                                redact(self.storage_url), self.opts.global_batch,
+                                confirmed(self.study, trials))
         return profile.save(self.out_dir / "profile.yaml")
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
         trials = recorded(self.study)
-        best, base = pick_best(trials, self.limit), pick_baseline(trials)
+        best, base = confirmed_winner(self.study, trials, self.limit), pick_baseline(trials)
         path = self._export()
+        conf = confirmed(self.study, trials)
+        speedup = None
+        if conf is not None:
+            medians = {c["trial"]: c["median"] for c in conf["candidates"]}
+            b = next((c["median"] for c in conf["candidates"] if c["baseline"]), None)
+            w = medians.get(conf["decision"]["winner_trial"])
+            speedup = w / b if w and b else None
         return RunSummary(self.study_name, redact(self.storage_url), self.out_dir, path,
                           view(best) if best else None, view(base) if base else None,
-                          [view(t) for t in trials], wall_s, interrupted, stop_reason)
+                          [view(t) for t in trials], wall_s, interrupted, stop_reason,
+                          confirmation=conf, confirmed_speedup=speedup,
+                          confirm_skipped=self.confirm_skipped)
+
+
+def _walls(trials: list[FrozenTrial]) -> dict[int, float]:
+    return {t.number: float(t.user_attrs["measurement"].get("wall_s") or 0.0) for t in trials}
 
 
 def _shortest_useful_trial(trials: list[FrozenTrial]) -> float:

@@ -9,7 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Short windows keep a tiny-workload trial around two seconds, most of it process start-up.
-FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s"]
+# No confirmation unless a test asks for it: it re-measures the top configs several times.
+FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s",
+        "--confirm-top", "0"]
 
 
 def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,

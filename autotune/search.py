@@ -1,0 +1,391 @@
+"""How trials are spent: the memory model, the staged start, pruning, early stop and the winner.
+
+Pure functions over what the study has observed (``Observation``); ``study.py`` runs the trials.
+
+- **Memory model.** Peak memory is close to affine in the micro-batch size for fixed
+  memory-relevant knobs (precision; DDP buckets; on CPU, where loader workers' memory counts, the
+  loader knobs). Fitted per combination from the trials that ran; a config predicted above the
+  limit minus the headroom is not run. After an OOM, no larger micro-batch with the same
+  memory-relevant knobs is tried.
+- **Staged start.** After the baseline, for each precision: the largest micro-batch that fits,
+  by doubling from the baseline's, then bisection between the largest that fit and the smallest
+  that did not (configs the memory model rules out count as not fitting, at no cost).
+- **Pruning.** A trial whose first windows are all clearly below the best is stopped.
+- **Early stop.** When nothing beat the best by more than the noise for ``patience`` trials.
+- **Winner.** Confirmation re-measures the top configs interleaved; the winner is decided by
+  median with a margin from the measured spread, and by memory headroom within the margin.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.knobs import Config
+from autotune.space import Choices, NarrowedSpace
+
+HEADROOM = 0.05  # an exported config peaks at least this share below the memory limit
+NOISE_FLOOR = 0.02  # no measured difference below 2% is a win (see benchmarks/repeatability.py)
+PRUNE_AFTER_WINDOWS = 2
+# A trial is pruned when each of its first windows is below this share of the best. Measured on
+# the search benchmark's grids (benchmarks/data): a config's final median was at most 1.05x the
+# better of its first two windows on BERT, 1.21x on the noisy mlp, so a trial pruned at 0.75x
+# would have finished at most at 0.91x the best.
+PRUNE_BELOW = 0.75
+PATIENCE = 10
+
+# Knobs that change peak memory besides the micro-batch. On CPU the trial's process tree is
+# measured, so loader workers (separate processes) and their prefetched batches count too.
+_MEMORY_KNOBS = ("amp", "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "world_size")
+_HOST_MEMORY_KNOBS = ("num_workers", "prefetch_factor")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one trial of the study showed, as the search reads it."""
+
+    config: Config
+    status: str  # ok, oom, timeout, error, pruned
+    samples_per_sec: float | None = None
+    peak_memory_bytes: int = 0
+    spread_cv: float | None = None
+    predicted: bool = False  # skipped on the memory model's word: nothing ran
+    number: int = -1
+
+    @property
+    def fits(self) -> bool:
+        return self.status in ("ok", "pruned") and not self.predicted
+
+
+def memory_key(config: Config, device: str) -> tuple[Any, ...]:
+    names = _MEMORY_KNOBS + (_HOST_MEMORY_KNOBS if device == "cpu" else ())
+    data = config.to_dict()
+    return tuple(data[n] for n in names)
+
+
+def _key_words(device: str) -> str:
+    names = _MEMORY_KNOBS + (_HOST_MEMORY_KNOBS if device == "cpu" else ())
+    return ", ".join(names)
+
+
+@dataclass(frozen=True)
+class Fit:
+    intercept: float
+    slope: float  # bytes per sample of micro-batch
+    points: int
+
+    def at(self, micro: int) -> float:
+        return self.intercept + self.slope * micro
+
+
+def fit_affine(points: Sequence[tuple[int, int]]) -> Fit | None:
+    """Least squares peak = a + b * micro over (micro, peak) points; None with fewer than two
+    distinct micro-batch sizes. The slope is never negative (more samples never need less)."""
+    xs = [float(m) for m, _ in points]
+    if len(set(xs)) < 2:
+        return None
+    ys = [float(p) for _, p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
+    return Fit(my - slope * mx, slope, len(points))
+
+
+class MemoryModel:
+    """Peak memory per memory-relevant knob combination, from the trials that ran."""
+
+    def __init__(self, observations: Sequence[Observation], device: str, limit: int,
+                 headroom: float = HEADROOM) -> None:
+        self.device, self.limit, self.headroom = device, limit, headroom
+        self._ok: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+        self._oom: dict[tuple[Any, ...], int] = {}
+        for o in observations:
+            if o.predicted:
+                continue
+            key = memory_key(o.config, device)
+            micro = o.config.micro_batch_size
+            if o.status == "oom":
+                self._oom[key] = min(micro, self._oom.get(key, micro))
+            elif o.status in ("ok", "pruned") and o.peak_memory_bytes > 0:
+                self._ok.setdefault(key, []).append((micro, o.peak_memory_bytes))
+
+    @property
+    def budget(self) -> float:
+        """Peak memory a config may reach: the limit less the headroom."""
+        return self.limit * (1.0 - self.headroom)
+
+    def fit(self, config: Config) -> Fit | None:
+        return fit_affine(self._ok.get(memory_key(config, self.device), []))
+
+    def predict(self, config: Config) -> float | None:
+        fit = self.fit(config)
+        return None if fit is None else fit.at(config.micro_batch_size)
+
+    def verdict(self, config: Config) -> tuple[str, float | None] | None:
+        """Why ``config`` should not run (reason, predicted peak), or None when it may."""
+        key = memory_key(config, self.device)
+        micro = config.micro_batch_size
+        oom_at = self._oom.get(key)
+        if oom_at is not None and micro >= oom_at:
+            return (f"predicted-oom: micro-batch {micro} >= {oom_at}, which ran out of memory "
+                    f"with the same {_key_words(self.device)}"), None
+        fit = self.fit(config)
+        if fit is None:
+            return None
+        peak = fit.at(micro)
+        if peak > self.budget:
+            return (f"predicted-oom: peak {peak / 2**30:.2f} GiB at micro-batch {micro} (affine "
+                    f"fit on {fit.points} trials with the same {_key_words(self.device)}) is above "
+                    f"the limit less {100 * self.headroom:.0f}% headroom "
+                    f"({self.budget / 2**30:.2f} GiB)"), peak
+        return None
+
+
+# -- staged start ---------------------------------------------------------------------------------
+
+def micro_values(space: NarrowedSpace, baseline: Config) -> list[int]:
+    domain = space.searched.get("micro_batch_size")
+    if domain is None:
+        return [baseline.micro_batch_size]
+    if isinstance(domain, Choices):
+        return sorted(int(v) for v in domain.values)
+    return list(range(domain.low, domain.high + 1, domain.step))
+
+
+def precisions(space: NarrowedSpace, baseline: Config) -> list[str]:
+    """The baseline's precision first, then the others the space searches."""
+    domain = space.searched.get("amp")
+    others = [str(v) for v in domain.values] if isinstance(domain, Choices) else []
+    return [baseline.amp] + [p for p in others if p != baseline.amp]
+
+
+def _on_line(config: Config, line: Config) -> bool:
+    """Whether ``config`` differs from ``line`` only in the micro-batch (and the accumulation
+    that --global-batch derives from it)."""
+    a, b = config.to_dict(), line.to_dict()
+    for name in ("micro_batch_size", "grad_accum_steps"):
+        a.pop(name), b.pop(name)
+    return a == b
+
+
+@dataclass(frozen=True)
+class Proposal:
+    config: Config
+    stage: str  # what the proposal is for, shown to the user and kept on the trial
+
+
+def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[Observation],
+                model: MemoryModel) -> Proposal | None:
+    """The next informed config, or None when the staged start is done.
+
+    For each precision (the baseline's first): the micro-batch doubled until a config does not
+    fit (OOM, predicted OOM, too slow to measure or an error), then bisection between the largest
+    that fit and the smallest that did not. The first line starts at the baseline's batch; later
+    ones at the largest batch an earlier line fit (lower precision needs less memory), which
+    saves the doublings up to it.
+    """
+    values = micro_values(space, baseline)
+    if len(values) < 2:
+        return None
+    start = _nearest(values, baseline.micro_batch_size)
+    for amp in precisions(space, baseline):
+        line = space.variant(baseline, amp=amp)
+        seen: dict[int, bool] = {}
+        for o in observations:
+            if _on_line(o.config, line):
+                micro = o.config.micro_batch_size
+                seen[micro] = seen.get(micro, False) or o.fits
+        while (nxt := _next_micro(values, seen, start)) is not None:
+            config = space.variant(line, micro_batch_size=nxt)
+            if model.verdict(config):
+                seen[nxt] = False  # ruled out by the memory model: no trial needed
+                continue
+            what = "largest micro-batch that fits" + (f" with amp {amp}" if amp != "off" else "")
+            return Proposal(config, f"staged: {what}")
+        start = max((m for m, fits in seen.items() if fits), default=start)
+    return None
+
+
+def _nearest(values: list[int], target: int) -> int:
+    return min(values, key=lambda v: (abs(v - target), v))
+
+
+def _next_micro(values: list[int], seen: dict[int, bool], start: int) -> int | None:
+    if start not in seen:
+        return start
+    fit = [m for m, ok in seen.items() if ok]
+    largest = max(fit, default=None)
+    above = [m for m, ok in seen.items() if not ok and (largest is None or m > largest)]
+    ceiling = min(above, default=None)
+    if largest is None:  # nothing fits yet: halve below the smallest that did not
+        between = [v for v in values if v < (ceiling or 0) and v not in seen]
+    elif ceiling is None:  # no wall yet: double
+        bigger = [v for v in values if v >= 2 * largest and v not in seen]
+        if bigger:
+            return bigger[0]
+        between = [v for v in values if v > largest and v not in seen]
+        return between[-1] if between else None
+    else:  # bisect between the largest that fit and the smallest that did not
+        between = [v for v in values if largest < v < ceiling and v not in seen]
+    if not between:
+        return None
+    return between[len(between) // 2] if largest is not None else between[(len(between) - 1) // 2]
+
+
+# -- noise, pruning, early stop -------------------------------------------------------------------
+
+def noise_of(observations: Sequence[Observation]) -> float:
+    """The relative difference a win must exceed: twice the typical in-trial spread, at least
+    ``NOISE_FLOOR``."""
+    cvs = [o.spread_cv for o in observations if o.status == "ok" and o.spread_cv is not None]
+    return max(NOISE_FLOOR, 2 * statistics.median(cvs)) if cvs else NOISE_FLOOR
+
+
+def since_improvement(observations: Sequence[Observation], noise: float) -> int:
+    """Measured trials since the last one that beat the best before it by more than ``noise``."""
+    best, count = 0.0, 0
+    for o in observations:
+        if o.predicted:
+            continue
+        count += 1
+        value = o.samples_per_sec if o.status == "ok" else None
+        if value is not None and value > best * (1.0 + noise):
+            count = 0
+        if value is not None:
+            best = max(best, value)
+    return count
+
+
+def prune_reason(window_rates: Sequence[float], best: float | None,
+                 after: int = PRUNE_AFTER_WINDOWS, below: float = PRUNE_BELOW) -> str | None:
+    """Why a running trial should stop now, or None: its first ``after`` windows are all below
+    ``below`` x the best trial's samples/sec."""
+    if best is None or best <= 0 or len(window_rates) < after:
+        return None
+    top = max(window_rates[:after])
+    if top >= below * best:
+        return None
+    return (f"its first {after} windows reached at most {top:.4g} samples/s, below "
+            f"{below:.2f} x the best trial's {best:.4g}")
+
+
+# -- confirmation ---------------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    """One config under confirmation: its samples/sec in each interleaved round."""
+
+    number: int  # the trial it came from
+    config: Config
+    rates: list[float] = field(default_factory=list)
+    peaks: list[int] = field(default_factory=list)
+    window_cvs: list[float] = field(default_factory=list)
+    is_baseline: bool = False
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.rates) if self.rates else None
+
+    @property
+    def peak(self) -> int:
+        return max(self.peaks, default=0)
+
+    @property
+    def spread(self) -> float:
+        """Relative spread of this config's rounds (CV); the in-trial CV with one round."""
+        if len(self.rates) >= 2 and statistics.fmean(self.rates) > 0:
+            return statistics.stdev(self.rates) / statistics.fmean(self.rates)
+        return statistics.fmean(self.window_cvs) if self.window_cvs else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial": self.number, "config": self.config.to_dict(),
+                "samples_per_sec": [round(r, 4) for r in self.rates],
+                "median": None if self.median is None else round(self.median, 4),
+                "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
+                "baseline": self.is_baseline, "failures": self.failures}
+
+
+def confirmation_seconds(cands: Sequence[Candidate], walls: dict[int, float],
+                         rounds: int) -> float:
+    """What ``rounds`` rounds of ``cands`` take, from their trials' wall times: windows twice as
+    long lengthen the measuring part; start-up is the same."""
+    return rounds * sum(1.5 * walls.get(c.number, 0.0) + 2.0 for c in cands)
+
+
+def plan_confirmation(cands: Sequence[Candidate], walls: dict[int, float], rounds: int,
+                      left: float | None) -> tuple[list[Candidate], int] | str:
+    """The candidates (best first) and rounds that fit ``left`` seconds, or why none fits:
+    fewer rounds first, then fewer configs (the baseline stays), never fewer than two rounds of
+    the best config and the baseline. Without a deadline, all of them."""
+    cands = list(cands)
+    if len(cands) < 2:
+        return "fewer than two configs measured ok"
+    if left is None:
+        return cands, rounds
+    while True:
+        fit = min(rounds, int(left // max(confirmation_seconds(cands, walls, 1), 1e-9)))
+        if fit >= 2:
+            return cands, fit
+        if sum(not c.is_baseline for c in cands) <= 1 or len(cands) <= 2:
+            need = confirmation_seconds(cands, walls, 2)
+            return (f"two rounds of {len(cands)} configs need ~{_span(need)} and "
+                    f"{_span(max(0.0, left))} are left; a longer --timeout leaves room for it")
+        cands.remove(next(c for c in reversed(cands) if not c.is_baseline))
+
+
+def _span(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class Decision:
+    winner: Candidate | None
+    runner_up: Candidate | None
+    margin: float
+    decided_by: str  # "median", "headroom" or why there is no winner
+    excluded: dict[int, str]  # trial -> why it cannot win
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"winner_trial": self.winner.number if self.winner else None,
+                "runner_up_trial": self.runner_up.number if self.runner_up else None,
+                "margin": round(self.margin, 4), "decided_by": self.decided_by,
+                "excluded": {str(k): v for k, v in self.excluded.items()}}
+
+
+def decide(candidates: Sequence[Candidate], limit: int, headroom: float = HEADROOM) -> Decision:
+    """The winner of a confirmation.
+
+    Eligible: every round ran to a result and the peak stayed below the limit less the headroom.
+    The highest median wins when it leads the runner-up by more than the margin, twice the pooled
+    spread of the two (at least ``NOISE_FLOOR``); within the margin the one with more memory
+    headroom wins (a tie in speed is not a reason to run closer to the wall).
+    """
+    budget = limit * (1.0 - headroom)
+    excluded: dict[int, str] = {}
+    eligible = []
+    for c in candidates:
+        if c.failures or not c.rates:
+            excluded[c.number] = "; ".join(c.failures) or "not measured"
+        elif c.peak > budget:
+            excluded[c.number] = (f"peak {c.peak / 2**30:.2f} GiB is within {100 * headroom:.0f}% "
+                                  f"of the {limit / 2**30:.2f} GiB limit")
+        else:
+            eligible.append(c)
+    if not eligible:
+        return Decision(None, None, NOISE_FLOOR, "no config kept its memory headroom", excluded)
+    ranked = sorted(eligible, key=lambda c: -(c.median or 0.0))
+    if len(ranked) == 1:
+        return Decision(ranked[0], None, NOISE_FLOOR, "median", excluded)
+    first, second = ranked[0], ranked[1]
+    margin = max(NOISE_FLOOR, 2 * math.sqrt((first.spread ** 2 + second.spread ** 2) / 2))
+    lead = (first.median or 0.0) / (second.median or 1e-12) - 1.0
+    if lead > margin:
+        return Decision(first, second, margin, "median", excluded)
+    roomier = min((first, second), key=lambda c: (c.peak, -(c.median or 0.0)))
+    other = second if roomier is first else first
+    return Decision(roomier, other, margin, "headroom", excluded)

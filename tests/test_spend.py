@@ -1,0 +1,123 @@
+"""How a real study spends its trials: memory model, staged start, pruning, early stop and the
+confirmation, with real trial processes and SQLite."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.profile import load_profile
+from autotune.study import recorded
+from tests.conftest import FAST, autotune
+
+DB = "sqlite:///study.db"
+MEMHOG = ("run", "--model", "autotune.testing.workloads:memhog")
+
+
+def load() -> optuna.Study:
+    return optuna.load_study(study_name=optuna.get_all_study_names(DB)[0], storage=DB)
+
+
+def space(workdir: Path, text: str) -> str:
+    (workdir / "space.yaml").write_text(text)
+    return "space.yaml"
+
+
+def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
+    # memhog holds 64 MiB per sample: peak ~ torch's own memory + 64 MiB x micro-batch. The
+    # baseline (4) and the first doubling (8) fit 1.25 GiB; their line puts 16 above it.
+    result = autotune(*MEMHOG, "--param", "mib_per_sample=64", "--space", space(
+        workdir, "knobs:\n  micro_batch_size: {choices: [1, 2, 4, 8, 16, 32, 64]}\n"),
+        "--trials", "6", "--memory-limit", "1.25GiB", "--storage", DB, *FAST, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    trials = recorded(load())
+    ran = [t for t in trials if not t.user_attrs.get("predicted")
+           and t.user_attrs.get("reused_from") is None]
+    ruled_out = [t for t in trials if t.user_attrs.get("predicted")]
+    assert [t.params["micro_batch_size"] for t in ran[:2]] == [4, 8]
+    assert ran[1].user_attrs["stage"].startswith("staged: largest micro-batch that fits")
+    # Nothing ran into the wall (smaller batches may be pruned for being slow: memhog's rate
+    # grows with the batch).
+    assert {t.user_attrs["status"] for t in ran} <= {"ok", "pruned"}
+    assert max(t.params["micro_batch_size"] for t in ran) == 8
+    assert ruled_out and all(t.state == TrialState.PRUNED and t.constraints["memory"] > 0
+                             for t in ruled_out)
+    first = ruled_out[0].user_attrs
+    assert re.match(r"predicted-oom: peak \d+\.\d+ GiB at micro-batch (16|32|64) \(affine fit on "
+                    r"\d+ trials", first["reason"]), first["reason"]
+    assert first["measurement"]["predicted_peak_memory_bytes"] > 1.25 * 2**30 * 0.95
+    assert "ruled out by the memory model" in result.stdout
+
+
+def test_no_larger_micro_batch_after_an_oom(workdir: Path) -> None:
+    # 128 MiB per sample: the baseline (4) fits 1 GiB, the doubling to 8 does not.
+    result = autotune(*MEMHOG, "--param", "mib_per_sample=128", "--space", space(
+        workdir, "knobs:\n  micro_batch_size: {choices: [1, 2, 4, 8, 16, 32]}\n"),
+        "--trials", "5", "--memory-limit", "1GiB", "--storage", DB, *FAST, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    trials = recorded(load())
+    ran = [t for t in trials if not t.user_attrs.get("predicted")
+           and t.user_attrs.get("reused_from") is None]
+    statuses = {t.params["micro_batch_size"]: t.user_attrs["status"] for t in ran}
+    assert statuses[4] == "ok" and statuses[8] == "oom"
+    assert not any(m > 8 for m in statuses)  # after the OOM at 8, nothing larger ran
+    ceiling = [t for t in trials if t.user_attrs.get("predicted")]
+    assert ceiling and all("8, which ran out of memory" in t.user_attrs["reason"]
+                           for t in ceiling)
+
+
+def test_pruning_and_early_stop(workdir: Path) -> None:
+    # Every micro-batch sleeps 50 ms: samples/sec grows with the batch, loader workers change
+    # nothing. After the staged start (4, then 16), batch 4 with a worker is clearly slower
+    # (pruned after two windows) and batch 16 with a worker ties: two trials with no win.
+    result = autotune("run", "--model", "autotune.testing.workloads:slow", "--param",
+                      "step_s=0.05",
+                      "--space", space(workdir, "knobs:\n  micro_batch_size: {choices: [4, 16]}"
+                                       "\n  num_workers: {choices: [0, 1]}\n"),
+                      "--trials", "10", "--patience", "2", "--storage", DB, *FAST, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    trials = recorded(load())
+    by_config = {(t.params["micro_batch_size"], t.params["num_workers"]): t for t in trials
+                 if t.user_attrs.get("reused_from") is None}
+    assert by_config[(16, 0)].user_attrs.get("stage")
+    slow = by_config[(4, 1)]
+    assert slow.state == TrialState.PRUNED and slow.user_attrs["status"] == "pruned"
+    assert slow.user_attrs["reason"].startswith("its first 2 windows reached at most")
+    assert len(slow.intermediate_values) >= 2  # its windows, for the sampler
+    assert "no trial beat the best by more than the noise" in result.stdout
+    assert len(by_config) == 4
+
+
+def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
+    # The best config and the baseline, twice each: four fresh processes.
+    args = ("run", "--model", "autotune.testing.workloads:tiny", "--trials", "2", "--storage", DB,
+            *FAST, "--trial-seconds", "2", "--confirm-top", "1", "--confirm-rounds", "2")
+    result = autotune(*args, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    study = load()
+    conf = study.user_attrs["confirmation"]
+    cands = conf["candidates"]
+    assert conf["rounds"] == 2 and len(cands) == 2
+    assert sum(c["baseline"] for c in cands) == 1  # the baseline is re-measured alongside
+    assert all(len(c["samples_per_sec"]) == 2 for c in cands)
+    assert conf["measure"]["min_window_s"] == pytest.approx(0.2)  # twice the trials' windows
+    # Interleaved: round 1 of every config before round 2 of any.
+    runs = sorted((workdir / "studies" / study.study_name / "confirm").iterdir(),
+                  key=lambda p: p.stat().st_mtime)
+    assert [p.name.split("-")[0] for p in runs] == ["1"] * len(cands) + ["2"] * len(cands)
+    profile = load_profile(workdir / "studies" / study.study_name / "profile.yaml")
+    assert profile.confirmation is not None
+    winner = next(c for c in cands if c["trial"] == conf["decision"]["winner_trial"])
+    base = next(c for c in cands if c["baseline"])
+    assert profile.samples_per_sec == pytest.approx(winner["median"])
+    assert profile.speedup == pytest.approx(winner["median"] / base["median"], rel=1e-3)
+    assert profile.result["trial_samples_per_sec"] > 0
+    assert "measured side by side" in result.stdout and "interleaved rounds" in result.stdout
+    # Resuming with nothing new to measure keeps the confirmation and measures nothing.
+    again = autotune(*args, cwd=workdir)
+    assert again.returncode == 0 and "round 1/" not in again.stdout
+    assert load().user_attrs["confirmation"]["created"] == conf["created"]
