@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.hardware import format_duration
 from autotune.knobs import Config
 from autotune.space import Choices, NarrowedSpace
 
@@ -332,14 +333,10 @@ def plan_confirmation(cands: Sequence[Candidate], walls: dict[int, float], round
             return cands, fit
         if sum(not c.is_baseline for c in cands) <= 1 or len(cands) <= 2:
             need = confirmation_seconds(cands, walls, 2)
-            return (f"two rounds of {len(cands)} configs need ~{_span(need)} and "
-                    f"{_span(max(0.0, left))} are left; a longer --timeout leaves room for it")
+            return (f"two rounds of {len(cands)} configs need ~{format_duration(need)} and "
+                    f"{format_duration(max(0.0, left))} are left; a longer --timeout leaves room "
+                    "for it")
         cands.remove(next(c for c in reversed(cands) if not c.is_baseline))
-
-
-def _span(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from autotune.hardware import (
     Hardware,
     detect,
     format_bytes,
+    format_duration,
     hostname,
     memory_limit,
     process_alive,
@@ -43,7 +44,7 @@ from autotune.measurement import (
     Measurement,
     classify,
 )
-from autotune.profile import fingerprint_diff
+from autotune.profile import Profile, fingerprint_diff
 from autotune.results import (
     TrialView,
     build_profile,
@@ -394,7 +395,7 @@ class Runner:
         if o.trials is not None:
             parts.append(f"{o.trials} measured trials in the study")
         if o.timeout_s is not None:
-            parts.append(f"{_duration(o.timeout_s)} of wall time")
+            parts.append(f"{format_duration(o.timeout_s)} of wall time")
         measuring = float(o.measure.get("max_seconds", 60.0))
         confirm = ""
         if o.confirm_top > 0:
@@ -427,8 +428,9 @@ class Runner:
             remaining = deadline - time.monotonic() if deadline else None
             reserve = self._confirmation_reserve(trials)
             if remaining is not None and remaining - reserve < _shortest_useful_trial(trials):
-                stop_reason = f"time budget of {_duration(self.opts.timeout_s or 0)} spent" + (
-                    f" ({_duration(reserve)} of it kept for confirmation)" if reserve else "")
+                budget = format_duration(self.opts.timeout_s or 0)
+                stop_reason = f"time budget of {budget} spent" + (
+                    f" ({format_duration(reserve)} of it kept for confirmation)" if reserve else "")
                 break
             if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
                 stop_reason = (f"the sampler proposed {twins_in_a_row} measured or ruled-out "
@@ -765,7 +767,8 @@ class Runner:
 
     # -- results --------------------------------------------------------------------------------
 
-    def _export(self) -> Path | None:
+    def _export(self) -> Profile | None:
+        """Write studies/<study>/profile.yaml from the confirmed winner, else the best trial."""
         trials = recorded(self.study)
         best = confirmed_winner(self.study, trials, self.limit)
         if best is None:
@@ -773,19 +776,20 @@ class Runner:
         profile = build_profile(self.study, best, pick_baseline(trials), trials, self.limit,
                                 redact(self.storage_url), self.opts.global_batch,
                                 confirmed(self.study, trials))
-        return profile.save(self.out_dir / "profile.yaml")
+        profile.save(self.out_dir / "profile.yaml")
+        return profile
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
         trials = recorded(self.study)
         best, base = confirmed_winner(self.study, trials, self.limit), pick_baseline(trials)
-        path = self._export()
+        profile = self._export()
+        path = self.out_dir / "profile.yaml" if profile else None
         conf = confirmed(self.study, trials)
-        speedup = None
-        if conf is not None:
-            medians = {c["trial"]: c["median"] for c in conf["candidates"]}
-            b = next((c["median"] for c in conf["candidates"] if c["baseline"]), None)
-            w = medians.get(conf["decision"]["winner_trial"])
-            speedup = w / b if w and b else None
+        # The profile's speedup is the confirmation's side-by-side ratio when the baseline ran
+        # in it.
+        side_by_side = conf is not None and any(c["baseline"] and c["median"]
+                                                for c in conf["candidates"])
+        speedup = profile.speedup if profile and side_by_side else None
         return RunSummary(self.study_name, redact(self.storage_url), self.out_dir, path,
                           view(best) if best else None, view(base) if base else None,
                           [view(t) for t in trials], wall_s, interrupted, stop_reason,
@@ -804,10 +808,6 @@ def _shortest_useful_trial(trials: list[FrozenTrial]) -> float:
                    and t.user_attrs.get("reused_from") is None)
     return max(5.0, 0.5 * walls[len(walls) // 2]) if walls else 5.0
 
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def run(opts: RunOptions, reporter: Reporter) -> RunSummary:

@@ -10,6 +10,7 @@ from autotune.measurement import (
     RESULT_SCHEMA,
     TOO_SLOW,
     TRIAL_TIMEOUT,
+    Measurement,
     RawResult,
     check_result,
     classify,
@@ -168,21 +169,24 @@ def test_the_first_rank_to_fail_is_the_cause() -> None:
     assert first_failure([]) is None
 
 
+def _classify_echo(summary: str, reason: str) -> Measurement:
+    """rank 0's written report of a peer's failure, with torchrun's closing summary."""
+    echo = {"schema": RESULT_SCHEMA, "status": "error", "rank": 0, "failed_at": 1.0,
+            "reason": reason, "windows": [], "peak_memory_bytes": 0}
+    return classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=summary,
+                              wall_s=3.0))
+
+
 def test_a_rank_killed_by_the_kernel_is_an_oom_named_by_torchrun() -> None:
     summary = ("autotune.bench FAILED\nFailures:\n[1]:\n  rank      : 0 (local_rank: 0)\n"
                "  exitcode  : 1 (pid: 11)\nRoot Cause (first observed failure):\n[0]:\n"
                "  time      : 2026-11-29_20:04:49\n  rank      : 1 (local_rank: 1)\n"
                "  exitcode  : -9 (pid: 12)\n  error_file: <N/A>\n")
-    echo = {"schema": RESULT_SCHEMA, "status": "error", "rank": 0, "failed_at": 1.0,
-            "reason": "rank 0: RuntimeError: Connection closed by peer", "windows": [],
-            "peak_memory_bytes": 0}
-    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=summary,
-                           wall_s=3.0))
+    closed = "rank 0: RuntimeError: Connection closed by peer"
+    m = _classify_echo(summary, closed)
     assert m.status == "oom" and m.reason is not None and m.reason.startswith("rank 1 was killed")
     # The rank that reported is the root cause itself: its own report stands.
-    own = summary.replace("exitcode  : -9", "exitcode  : 1")
-    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=own,
-                           wall_s=3.0))
+    m = _classify_echo(summary.replace("exitcode  : -9", "exitcode  : 1"), closed)
     assert m.status == "error" and "Connection closed" in (m.reason or "")
 
 
@@ -193,14 +197,9 @@ def test_a_signal_death_is_the_cause_even_when_torchrun_names_a_peer_first() -> 
                "  traceback : Signal 11 (SIGSEGV) received by PID 12\n------\n"
                "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-29_20:04:49\n"
                "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n")
-    echo = {"schema": RESULT_SCHEMA, "status": "error", "rank": 0, "failed_at": 1.0,
-            "reason": "rank 0: RuntimeError: Connection reset by peer", "windows": [],
-            "peak_memory_bytes": 0}
-    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=summary,
-                           wall_s=3.0))
+    reset = "rank 0: RuntimeError: Connection reset by peer"
+    m = _classify_echo(summary, reset)
     assert m.status == "error" and m.reason == "rank 1 died from SIGSEGV", m.reason
     # A rank that torchrun stopped with SIGTERM after the reporter failed is not a cause.
-    stopped = summary.replace("exitcode  : -11", "exitcode  : -15")
-    m = classify(RawResult(returncode=1, timed_out=False, result=echo, stderr_tail=stopped,
-                           wall_s=3.0))
+    m = _classify_echo(summary.replace("exitcode  : -11", "exitcode  : -15"), reset)
     assert m.status == "error" and "Connection reset" in (m.reason or ""), m.reason

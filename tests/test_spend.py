@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.profile import load_profile
 from autotune.study import recorded
@@ -27,17 +27,24 @@ def space(workdir: Path, text: str) -> str:
     return "space.yaml"
 
 
-def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
-    # memhog holds 64 MiB per sample: peak ~ torch's own memory + 64 MiB x micro-batch. The
-    # baseline (4) and the first doubling (8) fit 1.25 GiB; their line puts 16 above it.
-    result = autotune(*MEMHOG, "--param", "mib_per_sample=64", "--space", space(
-        workdir, "knobs:\n  micro_batch_size: {choices: [1, 2, 4, 8, 16, 32, 64]}\n"),
-        "--trials", "6", "--memory-limit", "1.25GiB", "--storage", DB, *FAST, cwd=workdir)
+def memhog_study(workdir: Path, mib_per_sample: int, micros: str, trials: int, limit: str,
+                 ) -> tuple[str, list[FrozenTrial], list[FrozenTrial]]:
+    """A memhog study (peak ~ torch's own memory + mib_per_sample x micro-batch): its output,
+    the trials that ran, and those the memory model ruled out."""
+    result = autotune(*MEMHOG, "--param", f"mib_per_sample={mib_per_sample}", "--space", space(
+        workdir, f"knobs:\n  micro_batch_size: {{choices: [{micros}]}}\n"), "--trials",
+        str(trials), "--memory-limit", limit, "--storage", DB, *FAST, cwd=workdir)
     assert result.returncode == 0, result.stderr
-    trials = recorded(load())
-    ran = [t for t in trials if not t.user_attrs.get("predicted")
+    done = recorded(load())
+    ran = [t for t in done if not t.user_attrs.get("predicted")
            and t.user_attrs.get("reused_from") is None]
-    ruled_out = [t for t in trials if t.user_attrs.get("predicted")]
+    return result.stdout, ran, [t for t in done if t.user_attrs.get("predicted")]
+
+
+def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
+    # 64 MiB per sample: the baseline (4) and the first doubling (8) fit 1.25 GiB; their line
+    # puts 16 above it.
+    out, ran, ruled_out = memhog_study(workdir, 64, "1, 2, 4, 8, 16, 32, 64", 6, "1.25GiB")
     assert [t.params["micro_batch_size"] for t in ran[:2]] == [4, 8]
     assert ran[1].user_attrs["stage"].startswith("staged: largest micro-batch that fits")
     # Nothing ran into the wall (smaller batches may be pruned for being slow: memhog's rate
@@ -50,22 +57,15 @@ def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
     assert re.match(r"predicted-oom: peak \d+\.\d+ GiB at micro-batch (16|32|64) \(affine fit on "
                     r"\d+ trials", first["reason"]), first["reason"]
     assert first["measurement"]["predicted_peak_memory_bytes"] > 1.25 * 2**30 * 0.95
-    assert "ruled out by the memory model" in result.stdout
+    assert "ruled out by the memory model" in out
 
 
 def test_no_larger_micro_batch_after_an_oom(workdir: Path) -> None:
     # 128 MiB per sample: the baseline (4) fits 1 GiB, the doubling to 8 does not.
-    result = autotune(*MEMHOG, "--param", "mib_per_sample=128", "--space", space(
-        workdir, "knobs:\n  micro_batch_size: {choices: [1, 2, 4, 8, 16, 32]}\n"),
-        "--trials", "5", "--memory-limit", "1GiB", "--storage", DB, *FAST, cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    trials = recorded(load())
-    ran = [t for t in trials if not t.user_attrs.get("predicted")
-           and t.user_attrs.get("reused_from") is None]
+    _, ran, ceiling = memhog_study(workdir, 128, "1, 2, 4, 8, 16, 32", 5, "1GiB")
     statuses = {t.params["micro_batch_size"]: t.user_attrs["status"] for t in ran}
     assert statuses[4] == "ok" and statuses[8] == "oom"
     assert not any(m > 8 for m in statuses)  # after the OOM at 8, nothing larger ran
-    ceiling = [t for t in trials if t.user_attrs.get("predicted")]
     assert ceiling and all("8, which ran out of memory" in t.user_attrs["reason"]
                            for t in ceiling)
 
