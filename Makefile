@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/autotune run --model bert
 
 lint: setup
-	$(BIN)/ruff check autotune objectives tests benchmarks
+	$(BIN)/ruff check autotune objectives tests benchmarks examples
 	$(BIN)/mypy autotune
 
 test: setup lint

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_profile"]
-
-if TYPE_CHECKING:
-    from autotune.profile import Profile
-
-
-def load_profile(path: str | Path) -> Profile:
-    """Load and validate a profile file (see :func:`autotune.profile.load_profile`)."""
-    from autotune.profile import load_profile as _load
-
-    return _load(path)
+__all__ = ["Profile", "__version__", "load_profile"]
 
 
 def _data_dir(name: str) -> Path:
@@ -32,3 +21,8 @@ def _data_dir(name: str) -> Path:
         return Path(str(resources.files(f"autotune.{name}")))
     except ModuleNotFoundError:
         return Path(__file__).resolve().parent.parent / name
+
+
+# After __version__ and _data_dir: the profile module is light (no torch, no Optuna at import),
+# so training scripts get `autotune.load_profile` without a wrapper in the warning's stack.
+from autotune.profile import Profile, load_profile  # noqa: E402

@@ -360,7 +360,8 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
              progress: Progress, resolve: Callable[..., Any], ranks: Ranks) -> None:
     import torch
 
-    from autotune.knobs import ddp_kwargs
+    from autotune.knobs import autocast_dtype, ddp_kwargs, uses_grad_scaler
+    from autotune.knobs import loader_kwargs as loader_settings
 
     t0 = time.time()
     torch.manual_seed(0)
@@ -400,21 +401,16 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
             dataset, num_replicas=ranks.world, rank=ranks.rank, shuffle=True, seed=0,
             drop_last=True)
     loader_kwargs: dict[str, Any] = dict(
-        batch_size=config.micro_batch_size, shuffle=sampler is None, sampler=sampler,
-        drop_last=True, num_workers=config.num_workers,
-        pin_memory=config.pin_memory and device.type == "cuda",
+        shuffle=sampler is None, sampler=sampler, drop_last=True,
         collate_fn=getattr(workload, "collate_fn", None),
-        generator=torch.Generator().manual_seed(0))
-    if config.num_workers > 0:
-        loader_kwargs.update(prefetch_factor=config.prefetch_factor or 2, persistent_workers=True)
+        generator=torch.Generator().manual_seed(0), **loader_settings(config, device.type))
     loader = torch.utils.data.DataLoader(dataset, **loader_kwargs)
     if len(loader) == 0:
         raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one micro-batch "
                          f"of {config.micro_batch_size} per rank; make the dataset larger")
     batches = _batches(loader, sampler)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
-    # GradScaler only for fp16 on CUDA: bf16 has fp32's range and needs no loss scaling.
-    scaler = torch.amp.GradScaler("cuda", enabled=config.amp == "fp16" and device.type == "cuda")
+    amp_dtype = autocast_dtype(config)
+    scaler = torch.amp.GradScaler("cuda", enabled=uses_grad_scaler(config, device.type))
     non_blocking = bool(loader_kwargs["pin_memory"])
     sync_each_micro = bool(measure.get("sync_each_micro"))
 

@@ -13,11 +13,14 @@ import signal
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from autotune.errors import AutotuneError, UsageError
+
+if TYPE_CHECKING:
+    from autotune.profile import Profile
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest way to train a model on this machine, by measuring it.")
@@ -44,6 +47,8 @@ def guarded(func: F) -> F:
             raise _fail(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
             raise _fail("interrupted", 130) from None
+        except typer.Exit:
+            raise  # a command's own exit code (e.g. a failed `profile check`)
         except Exception as exc:
             if debug:
                 raise
@@ -186,6 +191,137 @@ def list_(debug: Annotated[bool, typer.Option(help="Show tracebacks")] = False) 
         data = yaml.safe_load(path.read_text()) or {}
         knobs = ", ".join((data.get("knobs") or {}).keys())
         typer.echo(f"  {name:<10} {data.get('description', '')}\n  {'':<10} knobs: {knobs}")
+
+
+# -- profiles ------------------------------------------------------------------------------------
+
+profile_app = typer.Typer(no_args_is_help=True, help="Read, compare and re-check profiles.")
+app.add_typer(profile_app, name="profile")
+ProfileArg = Annotated[Path, typer.Argument(help="A profile.yaml written by `autotune run`")]
+Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
+
+
+def _load(path: Path) -> Profile:
+    """Load a profile; a fingerprint mismatch is one warning line on stderr, not a traceback."""
+    import warnings
+
+    from autotune.profile import load_profile
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = load_profile(path)
+    for w in caught:
+        typer.echo(f"autotune: warning: {w.message}", err=True)
+    return profile
+
+
+@profile_app.command("show")
+@guarded
+def profile_show(path: ProfileArg, debug: Debug = False) -> None:
+    """What a profile tuned, what it measured, and where."""
+    profile = _load(path)
+    typer.echo(f"profile    {path}\n{profile.summary()}")
+
+
+@profile_app.command("env")
+@guarded
+def profile_env(path: ProfileArg, debug: Debug = False) -> None:
+    """Shell `export` lines: the profile's environment and AUTOTUNE_PROFILE (for
+    `eval "$(autotune profile env P)"`)."""
+    import shlex
+
+    from autotune.profile import launch_env
+
+    profile = _load(path)
+    env = launch_env(profile, path, base={})
+    for key, value in env.items():
+        typer.echo(f"export {key}={shlex.quote(value)}")
+
+
+@profile_app.command("diff")
+@guarded
+def profile_diff(a: ProfileArg, b: ProfileArg, debug: Debug = False) -> None:
+    """What differs between two profiles: workload, config, env, results, fingerprint."""
+    from autotune.profile import profile_diff as diff
+
+    lines = diff(_load(a), _load(b))
+    typer.echo("\n".join(lines) if lines else
+               "no differences in workload, config, env, results or fingerprint")
+
+
+@profile_app.command("check")
+@guarded
+def profile_check(
+    path: ProfileArg,
+    rounds: Annotated[int, typer.Option(help="Fresh trial processes; their median counts")] = 3,
+    threshold: Annotated[float, typer.Option(
+        help="Fail below this ratio of the recorded samples/sec")] = 0.9,
+    trial_timeout: Annotated[str, typer.Option(
+        help="Hard limit per round (process start to exit)")] = "600s",
+    debug: Debug = False,
+) -> None:
+    """Measure the profile's config again on this machine; exit 1 if it is slower than
+    --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
+    from autotune.check import check_profile
+    from autotune.hardware import detect, format_bytes
+
+    profile = _load(path)
+    hw = detect()
+    budget = float((profile.result.get("measure") or {}).get("max_seconds", 60.0))
+    typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
+               f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
+               f"{profile.samples_per_sec:,.2f} samples/s")
+
+    def on_round(index: int, m: Any) -> None:
+        what = (f"{m.samples_per_sec:,.2f} samples/s, peak {format_bytes(m.peak_memory_bytes)}"
+                if m.ok else f"{m.status}: {m.reason}")
+        typer.echo(f"  round {index + 1}/{rounds}: {what}")
+
+    _sigterm_as_interrupt()
+    result = check_profile(profile, rounds=rounds, threshold=threshold, hw=hw,
+                           trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout")
+                           or 600.0, on_round=on_round)
+    recorded_peak = profile.result.get("peak_memory_bytes")
+    if result.peaks and recorded_peak:
+        typer.echo(f"peak memory {format_bytes(max(result.peaks))} (recorded "
+                   f"{format_bytes(recorded_peak)})")
+    if result.ratio is not None:
+        typer.echo(f"median {result.median:,.2f} samples/s vs recorded "
+                   f"{result.recorded:,.2f}: ratio {result.ratio:.3f} (threshold "
+                   f"{threshold:g})")
+    if not result.passed:
+        why = "; ".join(result.failures) or f"ratio below {threshold:g}"
+        typer.echo(f"FAIL: {why}", err=True)
+        raise typer.Exit(1)
+    typer.echo("PASS")
+
+
+@app.command("launch", context_settings={"allow_interspersed_args": False})
+@guarded
+def launch_command(
+    path: ProfileArg,
+    command: Annotated[list[str], typer.Argument(
+        help="The command to run, after --: e.g. torchrun --nproc-per-node 2 train.py")],
+    debug: Debug = False,
+) -> None:
+    """Run a command with the profile's environment (NCCL_*) and AUTOTUNE_PROFILE set, so
+    `autotune.load_profile()` in it finds the profile. The command replaces this process."""
+    from autotune.profile import PROFILE_ENV, launch_env
+
+    if command[:1] == ["--"]:  # click keeps the separator once options stop being parsed
+        command = command[1:]
+    if not command:
+        raise UsageError("no command to launch: put it after --, e.g. autotune launch "
+                         "profile.yaml -- python train.py")
+    profile = _load(path)
+    env = launch_env(profile, path)
+    shown = " ".join(f"{k}={env[k]}" for k in (*profile.env, PROFILE_ENV))
+    typer.echo(f"autotune: launching with {shown}", err=True)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: {exc.strerror}; check the command after "
+                         "--") from None
 
 
 def main() -> None:

@@ -19,26 +19,6 @@ from autotune.search import Candidate
 from autotune.study import RunSummary, StartInfo
 
 
-def short(config: Config) -> str:
-    """A config in a few words: what differs between trials, not the fixed knobs."""
-    parts = [f"batch {config.micro_batch_size}x{config.grad_accum_steps}",
-             "fp32" if config.amp == "off" else config.amp,
-             f"workers {config.num_workers}"]
-    if config.num_workers:
-        parts.append(f"prefetch {config.prefetch_factor}")
-    if config.pin_memory:
-        parts.append("pinned")
-    if config.world_size > 1:
-        parts.append(f"{config.world_size} ranks, bucket {config.ddp_bucket_cap_mb}MB")
-        if config.ddp_gradient_as_bucket_view:
-            parts.append("grad views")
-        if config.ddp_static_graph:
-            parts.append("static graph")
-        if config.nccl_algo != "default" or config.nccl_proto != "default":
-            parts.append(f"nccl {config.nccl_algo}/{config.nccl_proto}")
-    return ", ".join(parts)
-
-
 def _rate(value: float | None, cv: float | None = None) -> str:
     if value is None:
         return "-"
@@ -112,7 +92,8 @@ class ConsoleReporter:
     def trial_started(self, number: int, index: int, total: int | None, config: Config,
                       is_baseline: bool, timeout_s: float) -> None:
         label = " (baseline)" if is_baseline else ""
-        self.current = f"trial {index}{'/' + str(total) if total else ''}{label}: {short(config)}"
+        count = f"{index}/{total}" if total else str(index)
+        self.current = f"trial {count}{label}: {config.describe()}"
         self._trial_start = time.monotonic()
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, description=self.current, total=total,
@@ -157,7 +138,7 @@ class ConsoleReporter:
             what = f"not run, {view.reason}"
         else:
             what = f"{view.status}: {view.reason}"
-        line = f"  #{view.number:<3} {short(view.config):<44} {what}{tag}"
+        line = f"  #{view.number:<3} {view.config.describe():<44} {what}{tag}"
         if self.progress is not None and self.task is not None:
             if ran:
                 self.progress.advance(self.task)
@@ -175,7 +156,7 @@ class ConsoleReporter:
         what = _rate(measurement.samples_per_sec, measurement.spread_cv) if measurement.ok \
             else f"{measurement.status}: {measurement.reason}"
         self._print(f"  round {round_index + 1}/{rounds} #{candidate.number:<3} "
-                    f"{short(candidate.config):<44} {what}{tag}")
+                    f"{candidate.config.describe():<44} {what}{tag}")
 
     def _print(self, line: str) -> None:
         if self.progress is not None:
@@ -214,7 +195,7 @@ class ConsoleReporter:
                 continue
             b = view.breakdown
             shares = ["data_wait", "comm_wait", "compute"] if multi else ["data_wait", "compute"]
-            table.add_row(name, short(view.config), f"{view.samples_per_sec:,.2f}",
+            table.add_row(name, view.config.describe(), f"{view.samples_per_sec:,.2f}",
                           "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
                           format_bytes(view.peak_memory_bytes),
                           *(f"{b.get(k, 0) * 100:.0f}%" for k in shares))

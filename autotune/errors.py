@@ -45,5 +45,5 @@ class StorageError(AutotuneError):
     exit_code = 2
 
 
-class ProfileError(AutotuneError):
-    """A profile file that cannot be read, or is of an unknown schema."""
+class ProfileError(UsageError):
+    """A profile file that cannot be read, or is of an unknown schema; a profile misapplied."""

@@ -58,6 +58,24 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def describe(self) -> str:
+        """The config in a few words: what differs between trials, not the fixed knobs."""
+        parts = [f"batch {self.micro_batch_size}x{self.grad_accum_steps}",
+                 "fp32" if self.amp == "off" else self.amp, f"workers {self.num_workers}"]
+        if self.num_workers:
+            parts.append(f"prefetch {self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.world_size > 1:
+            parts.append(f"{self.world_size} ranks, bucket {self.ddp_bucket_cap_mb}MB")
+            if self.ddp_gradient_as_bucket_view:
+                parts.append("grad views")
+            if self.ddp_static_graph:
+                parts.append("static graph")
+            if self.nccl_algo != "default" or self.nccl_proto != "default":
+                parts.append(f"nccl {self.nccl_algo}/{self.nccl_proto}")
+        return ", ".join(parts)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Config:
         """Build a config from its dict form; unknown keys are an error, missing ones default."""
@@ -252,6 +270,32 @@ def env_for(config: Config) -> dict[str, str]:
         if config.nccl_proto != "default":
             env["NCCL_PROTO"] = config.nccl_proto
     return env
+
+
+def loader_kwargs(config: Config, device_type: str) -> dict[str, Any]:
+    """The DataLoader arguments a config sets; the caller adds dataset, sampler and collate_fn.
+
+    pin_memory only where batches go to a GPU; prefetch and persistent workers only with workers
+    (DataLoader refuses prefetch_factor without them). Trials and training both build from this.
+    """
+    kwargs: dict[str, Any] = {"batch_size": config.micro_batch_size,
+                              "num_workers": config.num_workers,
+                              "pin_memory": config.pin_memory and device_type == "cuda"}
+    if config.num_workers > 0:
+        kwargs.update(prefetch_factor=config.prefetch_factor or 2, persistent_workers=True)
+    return kwargs
+
+
+def autocast_dtype(config: Config) -> Any:
+    """The torch dtype autocast runs in, or None for fp32 (autocast off)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
+
+
+def uses_grad_scaler(config: Config, device_type: str) -> bool:
+    """Loss scaling only for fp16 on CUDA: bf16 has fp32's range and needs none."""
+    return config.amp == "fp16" and device_type == "cuda"
 
 
 def ddp_kwargs(config: Config) -> dict[str, Any]:

@@ -1,25 +1,43 @@
-"""Profiles: the exported winner, in schema ``autotune.profile/v1`` (see DESIGN.md).
+"""Profiles: the exported winner, in schema ``autotune.profile/v1`` (see DESIGN.md), and how a
+training script applies one.
 
-Loading never executes code (``yaml.safe_load``), rejects unknown schema versions with a message
+Loading never executes code (``yaml.safe_load``), rejects other schema versions with a message
 naming both versions, and warns when the fingerprint differs from the machine it is loaded on.
+This module is imported by training scripts: it needs torch only inside the methods that make
+torch objects, and never Optuna.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from autotune.errors import ProfileError
-from autotune.knobs import Config
+from autotune.knobs import (
+    Config,
+    autocast_dtype,
+    ddp_kwargs,
+    loader_kwargs,
+    uses_grad_scaler,
+)
 
-SCHEMA = "autotune.profile/v1"
-_REQUIRED = ("schema", "workload", "config", "env", "result", "baseline", "speedup",
-             "fingerprint", "provenance")
+if TYPE_CHECKING:
+    import torch
+
+SCHEMA_VERSION = 1
+SCHEMA = f"autotune.profile/v{SCHEMA_VERSION}"
+_SCHEMA_RE = re.compile(r"autotune\.profile/v(\d+)")
+_MAPPINGS = ("workload", "config", "env", "result", "baseline", "fingerprint", "provenance")
+_REQUIRED = ("schema", *_MAPPINGS, "speedup")
+# Environment variables a training process gets from `autotune launch`: the profile's path.
+PROFILE_ENV = "AUTOTUNE_PROFILE"
 
 
 class FingerprintWarning(UserWarning):
@@ -28,6 +46,13 @@ class FingerprintWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Profile:
+    """A tuned configuration and what it measured; its methods apply it in a training script.
+
+    Everything a trial set is here: the DataLoader (``dataloader_kwargs``), precision
+    (``autocast``, ``grad_scaler``), accumulation, DDP (``ddp_kwargs``) and the environment the
+    ranks started with (``env``, ``apply_env``).
+    """
+
     workload: dict[str, Any]
     config: Config
     env: dict[str, str]
@@ -41,17 +66,170 @@ class Profile:
     # The interleaved re-measurement that chose the winner (absent when there was none).
     confirmation: dict[str, Any] | None = None
 
+    # -- what was tuned -------------------------------------------------------------------------
+
     @property
     def micro_batch_size(self) -> int:
+        """Samples per forward/backward on each rank: the DataLoader's batch_size."""
         return self.config.micro_batch_size
 
     @property
     def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (gradients synchronised on the last one only)."""
         return self.config.grad_accum_steps
 
     @property
+    def world_size(self) -> int:
+        """Ranks the profile was measured with."""
+        return self.config.world_size
+
+    @property
+    def samples_per_step(self) -> int:
+        """Global samples per optimizer step: micro-batch x accumulation x ranks."""
+        return self.config.samples_per_step
+
+    @property
     def samples_per_sec(self) -> float:
+        """The measured throughput: the confirmation's median when there was one."""
         return float(self.result["samples_per_sec"])
+
+    # -- applying it ----------------------------------------------------------------------------
+
+    def dataloader_kwargs(self, device: str | torch.device | None = None) -> dict[str, Any]:
+        """``batch_size``, ``num_workers``, ``pin_memory`` and, with workers, ``prefetch_factor``
+        and ``persistent_workers``, as the trials ran them. Add your dataset, sampler and
+        collate_fn. ``pin_memory`` is on only when batches go to a GPU (``device``, default:
+        CUDA if available)."""
+        return loader_kwargs(self.config, _device_type(device))
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``DistributedDataParallel``: the bucket size and, where this
+        torch's DDP takes them, gradient views and static graph."""
+        return ddp_kwargs(self.config)
+
+    def autocast(self, device: str | torch.device | None = None) -> Any:
+        """A context manager for the forward pass and loss: ``torch.autocast`` in the profile's
+        precision, or a no-op for fp32."""
+        import torch
+
+        dtype = autocast_dtype(self.config)
+        return torch.autocast(_device_type(device), dtype=dtype or torch.float32,
+                              enabled=dtype is not None)
+
+    def grad_scaler(self, device: str | torch.device | None = None) -> torch.amp.GradScaler:
+        """A ``torch.amp.GradScaler``, enabled only for fp16 on CUDA (bf16 and fp32 need no
+        loss scaling; a disabled scaler passes ``scale``, ``step`` and ``update`` through)."""
+        import torch
+
+        kind = _device_type(device)
+        return torch.amp.GradScaler(kind, enabled=uses_grad_scaler(self.config, kind))
+
+    def apply_env(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+        """Set the profile's environment (``NCCL_ALGO``, ``NCCL_PROTO``) in this process.
+
+        NCCL reads these when the process group starts, so this refuses once one is running:
+        call it before ``init_process_group``, or start the script with ``autotune launch``.
+        A different value already set is replaced, with a warning naming both.
+        """
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            raise ProfileError("apply_env() called after the process group started: NCCL reads "
+                               "its environment at init; call it before init_process_group, or "
+                               "start the script with `autotune launch PROFILE -- CMD`")
+        environ = os.environ if environ is None else environ
+        for key, value in self.env.items():
+            old = environ.get(key)
+            if old is not None and old != value:
+                warnings.warn(f"{key}={old} in the environment replaced by the profile's "
+                              f"{key}={value}", stacklevel=2)
+            environ[key] = value
+        return dict(self.env)
+
+    # -- integrations ---------------------------------------------------------------------------
+
+    def hf_training_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
+        accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
+        profile tuned on a CPU and, with ranks, the DDP bucket size and static graph.
+        (TrainingArguments has no gradient-view option.)"""
+        c = self.config
+        kwargs: dict[str, Any] = {
+            "per_device_train_batch_size": c.micro_batch_size,
+            "gradient_accumulation_steps": c.grad_accum_steps,
+            "bf16": c.amp == "bf16", "fp16": c.amp == "fp16",
+            "dataloader_num_workers": c.num_workers,
+            # TrainingArguments pins by default; the profile says whether pinning paid.
+            "dataloader_pin_memory": c.pin_memory,
+        }
+        if c.num_workers > 0:
+            kwargs["dataloader_prefetch_factor"] = c.prefetch_factor or 2
+            kwargs["dataloader_persistent_workers"] = True
+        if self.fingerprint.get("device") == "cpu":
+            kwargs["use_cpu"] = True  # what was measured; also how HF allows bf16 on a CPU
+        if c.world_size > 1:
+            kwargs["ddp_bucket_cap_mb"] = c.ddp_bucket_cap_mb
+            if c.ddp_static_graph:
+                kwargs["ddp_static_graph"] = True
+        return kwargs
+
+    def lightning_trainer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for a Lightning ``Trainer``: ``precision``,
+        ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
+        the DDP arguments. Build the DataLoader with ``dataloader_kwargs()``. Needs ``lightning``
+        (or ``pytorch_lightning``) installed only when a strategy is made."""
+        c = self.config
+        precision = {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(c.amp, "32-true")
+        kwargs: dict[str, Any] = {"precision": precision,
+                                  "accumulate_grad_batches": c.grad_accum_steps}
+        if c.world_size > 1:
+            try:
+                from lightning.pytorch.strategies import DDPStrategy
+            except ImportError:
+                try:
+                    from pytorch_lightning.strategies import DDPStrategy  # type: ignore[assignment]
+                except ImportError:
+                    raise ProfileError("lightning_trainer_kwargs() needs Lightning for its DDP "
+                                       "strategy: pip install lightning") from None
+            kwargs["strategy"] = DDPStrategy(**self.ddp_kwargs())
+            kwargs["devices"] = c.world_size
+        return kwargs
+
+    # -- reading it -----------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A few lines for a human: what was tuned, what it measured, against what, where."""
+        from autotune.hardware import format_bytes
+
+        c, r, fp = self.config, self.result, self.fingerprint
+        params = self.workload.get("params") or {}
+        where = (f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}" if fp.get("gpus")
+                 else f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores")
+        lines = [f"workload   {self.workload.get('name')}"
+                 + (f" {params}" if params else ""),
+                 f"config     {c.describe()}",
+                 f"batch      {c.micro_batch_size} per micro-batch x {c.grad_accum_steps} "
+                 f"accumulation x {c.world_size} rank(s) = {c.samples_per_step} samples per "
+                 "optimizer step"]
+        spread = f", spread {100 * r['spread_cv']:.1f}%" if r.get("spread_cv") is not None else ""
+        how = (f"median of {self.confirmation['rounds']} interleaved rounds" if self.confirmation
+               else "one search trial")
+        lines.append(f"measured   {self.samples_per_sec:,.2f} samples/s{spread} ({how})")
+        if r.get("peak_memory_bytes"):
+            limit = r.get("memory_limit_bytes")
+            lines.append(f"memory     peak {format_bytes(r['peak_memory_bytes'])}"
+                         + (f" of a {format_bytes(limit)} limit" if limit else ""))
+        if self.baseline.get("samples_per_sec") and self.baseline.get("config"):
+            base = Config.from_dict(self.baseline["config"])
+            speedup = f"; speedup {self.speedup:g}x" if self.speedup else ""
+            lines.append(f"baseline   {base.describe()}: {self.baseline['samples_per_sec']:,.2f} "
+                         f"samples/s{speedup}")
+        lines.append("env        " + (" ".join(f"{k}={v}" for k, v in self.env.items())
+                                      or "(none)"))
+        lines.append(f"tuned on   {where}, torch {fp.get('torch_version')}, "
+                     f"{self.provenance.get('created')}, study {self.provenance.get('study')}")
+        lines += [f"note       {n}" for n in self.notes]
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,57 +257,134 @@ class Profile:
         return path
 
 
+def _device_type(device: str | torch.device | None) -> str:
+    if device is None:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device if isinstance(device, str) else device.type
+
+
+def _check_schema(schema: Any, source: str) -> None:
+    """Accept this version only; name both versions, and which side must change."""
+    if schema == SCHEMA:
+        return
+    found = _SCHEMA_RE.fullmatch(schema) if isinstance(schema, str) else None
+    if found is None:
+        raise ProfileError(f"{source} has schema {schema!r}, which is not an autotune profile "
+                           f"schema; this autotune reads {SCHEMA!r}")
+    if int(found.group(1)) > SCHEMA_VERSION:
+        raise ProfileError(f"{source} has schema {schema!r}, newer than this autotune reads "
+                           f"({SCHEMA!r}): upgrade autotune to load it")
+    raise ProfileError(f"{source} has schema {schema!r}, older than this autotune reads "
+                       f"({SCHEMA!r}): re-export it with `autotune run` on its study")
+
+
 def from_dict(data: Any, source: str = "<profile>") -> Profile:
     """Validate a profile's dict form; every problem is named in one error."""
     if not isinstance(data, dict):
         raise ProfileError(f"{source} is not a profile: expected a mapping, got "
-                           f"{type(data).__name__}")
-    schema = data.get("schema")
-    if schema != SCHEMA:
-        raise ProfileError(f"{source} has schema {schema!r}; this autotune reads {SCHEMA!r}. "
-                           "Re-export it with a matching autotune version")
-    missing = [k for k in _REQUIRED if k not in data]
-    if missing:
-        raise ProfileError(f"{source} lacks {', '.join(missing)}; the file is damaged or "
-                           "truncated: re-export it with `autotune run`")
-    try:
-        config = Config.from_dict(data["config"])
-    except (TypeError, ValueError) as exc:
-        raise ProfileError(f"{source} has a bad config: {exc}") from None
-    result = data["result"]
-    if not isinstance(result, dict) or not isinstance(result.get("samples_per_sec"), int | float):
-        raise ProfileError(f"{source} has no result.samples_per_sec; re-export it")
-    return Profile(workload=data["workload"], config=config, env=dict(data["env"] or {}),
-                   result=result, baseline=data["baseline"], speedup=data["speedup"],
+                           f"{type(data).__name__}; the file is damaged or not a profile")
+    _check_schema(data.get("schema"), source)
+    problems = [f"lacks {k}" for k in _REQUIRED if k not in data]
+    problems += [f"{k} is not a mapping" for k in _MAPPINGS
+                 if k in data and not isinstance(data[k], dict)
+                 and not (k == "env" and data[k] is None)]
+    config = None
+    if isinstance(data.get("config"), dict):
+        try:
+            config = Config.from_dict(data["config"])
+        except (TypeError, ValueError) as exc:
+            problems.append(f"has a bad config ({exc})")
+    if isinstance(data.get("result"), dict) and \
+            not isinstance(data["result"].get("samples_per_sec"), int | float):
+        problems.append("has no result.samples_per_sec")
+    env = data.get("env") or {}
+    if isinstance(env, dict) and not all(isinstance(k, str) and isinstance(v, str)
+                                         for k, v in env.items()):
+        problems.append("has an env whose names and values are not all strings")
+    speedup = data.get("speedup")
+    if speedup is not None and not isinstance(speedup, int | float):
+        problems.append(f"has a speedup that is not a number ({speedup!r})")
+    if problems or config is None:
+        raise ProfileError(f"{source} {'; '.join(problems)}: the file is damaged or truncated; "
+                           "re-export it with `autotune run` on its study")
+    return Profile(workload=data["workload"], config=config, env=dict(env),
+                   result=data["result"], baseline=data["baseline"], speedup=speedup,
                    fingerprint=data["fingerprint"], provenance=data["provenance"],
                    notes=list(data.get("notes") or []),
                    confirmation=data.get("confirmation") or None)
 
 
-def load_profile(path: str | Path, check_fingerprint: bool = True) -> Profile:
-    """Load a profile safely. Warns (FingerprintWarning) when tuned on other hardware."""
+def load_profile(path: str | Path | None = None, check_fingerprint: bool = True) -> Profile:
+    """Load a profile safely. Warns (FingerprintWarning) when tuned on other hardware.
+
+    Without ``path``, loads the one ``autotune launch`` named in ``AUTOTUNE_PROFILE``.
+    """
+    if path is None:
+        path = os.environ.get(PROFILE_ENV)
+        if not path:
+            raise ProfileError(f"no profile path given and {PROFILE_ENV} is not set: pass the "
+                               "path, or start the script with `autotune launch PROFILE -- CMD`")
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ProfileError(f"cannot read profile {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"profile {path} is not text: the file is damaged or not a "
+                           "profile") from None
     try:
         data = yaml.safe_load(text)  # safe_load refuses !!python/object and friends
     except yaml.YAMLError as exc:
-        raise ProfileError(f"profile {path} is not valid YAML ({str(exc).splitlines()[0]}); "
-                           "the file is damaged: re-export it") from None
+        what = str(exc).splitlines()[0]
+        if "python/" in str(exc):
+            raise ProfileError(f"profile {path} holds a Python object tag ({what}); profiles "
+                               "are plain data and such tags are never loaded") from None
+        raise ProfileError(f"profile {path} is not valid YAML ({what}); the file is damaged: "
+                           "re-export it") from None
     profile = from_dict(data, str(path))
     if check_fingerprint:
         from autotune.hardware import detect
 
         differs = fingerprint_diff(profile.fingerprint, detect().fingerprint())
         if differs:
-            warnings.warn(f"profile {path} was tuned on other hardware: {'; '.join(differs)}",
-                          FingerprintWarning, stacklevel=2)
+            warnings.warn(f"profile {path} was tuned on a different machine or software: "
+                          f"{'; '.join(differs)}", FingerprintWarning, stacklevel=2)
     return profile
 
 
 def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Human lines for each fingerprint field that differs (``field: A here B``)."""
+    """Human lines for each fingerprint field that differs (``field: A vs B here``)."""
     return [f"{k}: {a.get(k)!r} vs {b.get(k)!r} here" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
+
+
+def profile_diff(a: Profile, b: Profile) -> list[str]:
+    """What differs between two profiles: workload, config, env, results and fingerprint, one
+    line each (``field: A -> B``); empty when they agree on all of these."""
+    lines: list[str] = []
+
+    def compare(prefix: str, x: dict[str, Any], y: dict[str, Any]) -> None:
+        lines.extend(f"{prefix}{k}: {x.get(k)!r} -> {y.get(k)!r}" for k in sorted(set(x) | set(y))
+                     if x.get(k) != y.get(k))
+
+    compare("workload.", a.workload, b.workload)
+    compare("config.", a.config.to_dict(), b.config.to_dict())
+    compare("env.", a.env, b.env)
+    for key in ("samples_per_sec", "spread_cv", "peak_memory_bytes", "memory_limit_bytes"):
+        compare("result.", {key: a.result.get(key)}, {key: b.result.get(key)})
+    compare("", {"speedup": a.speedup}, {"speedup": b.speedup})
+    compare("fingerprint.", a.fingerprint, b.fingerprint)
+    return lines
+
+
+def launch_env(profile: Profile, path: str | Path,
+               base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment `autotune launch` runs a command in: ``base`` (default: this one), the
+    profile's variables and ``AUTOTUNE_PROFILE`` (its absolute path) for ``load_profile``."""
+    env = dict(os.environ if base is None else base)
+    env.update(profile.env)
+    env[PROFILE_ENV] = str(Path(path).resolve())
+    return env
+

@@ -129,6 +129,12 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
         "trial": best.user_attrs.get("reused_from", best.number),
         "samples_per_optimizer_step": config.samples_per_step,
     }
+    # How the figure was measured, so `autotune profile check` re-measures it the same way.
+    source = next((t for t in trials if t.number == result["trial"]), best)
+    measure = dict(source.user_attrs.get("measure_settings") or {})
+    if source.user_attrs.get("remeasured"):
+        measure["max_seconds"] = source.user_attrs["remeasured"]["max_seconds"]
+    result["measure"] = measure
     if m.get("ranks"):
         result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
                            for r in m["ranks"]]
@@ -156,6 +162,7 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
         if win is not None and win["median"]:
             result["trial_samples_per_sec"] = result["samples_per_sec"]
             result["samples_per_sec"] = win["median"]
+            result["measure"] = dict(confirmation["measure"])
             result["spread_cv"] = win["spread_cv"]
             result["peak_memory_bytes"] = max(result["peak_memory_bytes"],
                                               win["peak_memory_bytes"])

@@ -1,20 +1,51 @@
 #!/usr/bin/env bash
 # One GPU check, run on a lent GPU machine from the repository root (see the device notes in
-# ../shared/GPU.md): the gpu tests, then a short real BERT study with AMP, a memory limit low enough
-# to put a wall inside the space (the memory model and the staged start meet it), the baseline and
-# the confirmation. Everything it produces goes under $OUT.
+# ../shared/GPU.md). Sections, each skippable so a short device lease goes where it is needed:
+#   tests   (GPU_TESTS=0 skips)  the gpu tests, NCCL facts, and what NCCL says to 2 ranks on 1 GPU
+#   study                        a short real BERT study: AMP, a 24 GiB limit that puts a wall in
+#                                the space, the baseline (and the confirmation, if it fits)
+#   profile (GPU_PROFILE=0 skips) the plain-PyTorch example trains with the exported profile
+#                                (reproduction ratio) and `autotune profile check` re-measures it
+# Outputs under $OUT, few files (the device returns a limited number): summary.txt (every short
+# result), gpu-tests.log, run.log, trials.json, profile.yaml.
 set -uo pipefail
+ROOT="$PWD"
 OUT="${OUT:-gpu-out}"
 STUDY_TIMEOUT="${STUDY_TIMEOUT:-5m}"
 mkdir -p "$OUT"
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-timeout 170 python3 -m pytest -q -m "gpu or multi_gpu" > "$OUT/gpu-tests.log" 2>&1
-echo "gpu tests rc=$?" | tee -a "$OUT/summary.txt"
+S="$OUT/summary.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$S" 2>&1
+
+if [ "${GPU_TESTS:-1}" = 1 ]; then
+  timeout 170 python3 -m pytest -q -m "gpu or multi_gpu" > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$S"
+  # NCCL here: its version and what the default space keeps of the NCCL knobs for 2 ranks.
+  python3 - >> "$S" 2>&1 <<'PY'
+from autotune.hardware import detect
+from autotune.knobs import Config
+from autotune.space import load_space, narrow
+hw = detect()
+print("nccl", hw.nccl_version, "gpus", len(hw.gpus))
+space = narrow(load_space("default"), hw, 2, Config(world_size=2))
+for name in ("nccl_algo", "nccl_proto"):
+    print(name, space.searched.get(name), space.fixed.get(name), space.removed.get(name))
+PY
+  # The 2-rank nccl test needs two GPUs: this is what NCCL says to two ranks on one.
+  two=$(mktemp --suffix .py)
+  cat > "$two" <<'PY'
+import torch, torch.distributed as dist
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+t = torch.ones(4, device="cuda:0"); dist.all_reduce(t); print("rank", dist.get_rank(), t.tolist())
+dist.destroy_process_group()
+PY
+  timeout 60 torchrun --standalone --nproc-per-node 2 "$two" 2>&1 | grep -m1 "Duplicate GPU\|rank 0" >> "$S"
+fi
+
 mkdir -p "$OUT/run" && cd "$OUT/run" || exit 1
 timeout 420 python3 -m autotune run --model bert --timeout "$STUDY_TIMEOUT" --memory-limit 24GiB \
   --trial-seconds 15 --storage "sqlite:///$PWD/autotune.db" > run.log 2>&1
-echo "study rc=$?" | tee -a ../summary.txt
-# Every trial's config, outcome and peak memory, for the memory model's unit test and the note.
+echo "study rc=$?" >> "$S"
+# Every trial's config, outcome and peak memory, for the memory model and the note.
 python3 - > trials.json <<'EOF'
 import json, optuna
 url = "sqlite:///autotune.db"
@@ -28,7 +59,22 @@ for t in study.trials:
                  "amp": c.get("amp"), "workers": c.get("num_workers"),
                  "samples_per_sec": m.get("samples_per_sec"), "peak": m.get("peak_memory_bytes"),
                  "predicted_peak": m.get("predicted_peak_memory_bytes"),
-                 "reason": a.get("reason"), "stage": a.get("stage"), "wall_s": m.get("wall_s")})
+                 "breakdown": m.get("breakdown"), "reason": a.get("reason"),
+                 "stage": a.get("stage"), "wall_s": m.get("wall_s")})
 print(json.dumps({"trials": rows, "confirmation": study.user_attrs.get("confirmation")}, indent=1))
 EOF
-tail -40 run.log
+rm -f autotune.db
+PROFILE=$(ls studies/*/profile.yaml 2>/dev/null | head -1)
+if [ -n "$PROFILE" ]; then
+  cp "$PROFILE" ../profile.yaml
+  rm -rf studies  # trial folders: too many files to bring back
+  if [ "${GPU_PROFILE:-1}" = 1 ]; then
+    echo "example loop with the profile:" >> "$S"
+    timeout 120 python3 "$ROOT/examples/train_plain.py" --profile ../profile.yaml --seconds 30 \
+      2>&1 | tail -3 >> "$S"
+    timeout 200 python3 -m autotune profile check ../profile.yaml --rounds 2 >> "$S" 2>&1
+    echo "profile check rc=$?" >> "$S"
+  fi
+fi
+tail -25 run.log
+cat "$S"

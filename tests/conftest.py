@@ -39,3 +39,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multi_gpu" in item.keywords and count < 2:
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
+
+
+@pytest.fixture(scope="session")
+def tuned_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The profile of a real, short `mlp` study with its confirmation: what a user exports."""
+    cwd = tmp_path_factory.mktemp("tuned-mlp")
+    out = autotune("run", "--model", "mlp", "--trials", "3", "--trial-seconds", "6",
+                   "--window-seconds", "0.5", "--trial-timeout", "60s", "--confirm-top", "1",
+                   "--confirm-rounds", "3", cwd=cwd)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (path,) = cwd.glob("studies/*/profile.yaml")
+    return path

@@ -91,3 +91,73 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text, "--timeout") == seconds
     with pytest.raises(UsageError):
         parse_duration("0s", "--timeout")
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_profile_show_env_and_diff() -> None:
+    ddp, nccl = str(DATA / "profile_v1_ddp.yaml"), str(DATA / "profile_v1_nccl.yaml")
+    shown = run("profile", "show", nccl)
+    assert shown.exit_code == 0, shown.output
+    assert "NCCL_ALGO=Tree" in shown.output and "9,000.00 samples/s" in shown.output
+    # Tuned elsewhere: one warning line naming the fields, not a traceback.
+    assert "autotune: warning: profile" in shown.output and "cpu_model: 'Fake CPU'" in shown.output
+    env = run("profile", "env", nccl)
+    exports = [ln for ln in env.output.splitlines() if ln.startswith("export ")]
+    assert exports[:2] == ["export NCCL_ALGO=Tree", "export NCCL_PROTO=Simple"]
+    assert exports[2] == f"export AUTOTUNE_PROFILE={DATA.resolve() / 'profile_v1_nccl.yaml'}"
+    diff = run("profile", "diff", ddp, nccl)
+    assert diff.exit_code == 0 and "config.nccl_algo: 'default' -> 'Tree'" in diff.output
+    same = run("profile", "diff", ddp, ddp)
+    assert "no differences" in same.output
+
+
+def test_profile_env_lines_work_in_a_shell(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (f'eval "$({sys.executable} -m autotune profile env '
+              f'{DATA / "profile_v1_nccl.yaml"} 2>/dev/null)" && echo "$NCCL_ALGO $NCCL_PROTO"')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path.cwd())})
+    assert out.stdout.strip() == "Tree Simple", out.stderr
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["profile", "show", "nope.yaml"], 2, "cannot read profile nope.yaml"),
+    (["profile", "check", str(DATA / "profile_v1_nccl.yaml")], 2,
+     "tuned on cuda and this machine runs trials on cpu"),
+    (["profile", "check", str(DATA / "profile_v1_ddp.yaml"), "--rounds", "0"], 2,
+     "--rounds must be >= 1, got 0"),
+    (["launch", str(DATA / "profile_v1_ddp.yaml"), "--"], 2, "no command to launch"),
+    (["launch", str(DATA / "profile_v1_ddp.yaml"), "--", "no-such-command-here"], 2,
+     "cannot run 'no-such-command-here'"),
+])
+def test_profile_command_errors(args: list[str], code: int, needle: str) -> None:
+    result = run(*args)
+    assert result.exit_code == code, result.output
+    assert needle in one_error_line(result)
+
+
+def test_a_damaged_profile_is_one_line(tmp_path: Path) -> None:
+    text = (DATA / "profile_v1_ddp.yaml").read_text()
+    (tmp_path / "cut.yaml").write_text(text[: len(text) // 2])
+    result = run("profile", "show", str(tmp_path / "cut.yaml"))
+    assert result.exit_code == 2 and "damaged" in one_error_line(result)
+
+
+def test_launch_sets_the_environment_and_passes_the_exit_code(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    profile = DATA / "profile_v1_nccl.yaml"
+    code = ("import os, sys; print(os.environ['NCCL_ALGO'], os.environ['AUTOTUNE_PROFILE']); "
+            "sys.exit(7)")
+    out = subprocess.run([sys.executable, "-m", "autotune", "launch", str(profile), "--",
+                          sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, env={**__import__("os").environ,
+                                            "PYTHONPATH": str(Path.cwd())})
+    assert out.returncode == 7, out.stderr
+    assert out.stdout.split() == ["Tree", str(profile.resolve())]
+    assert "launching with NCCL_ALGO=Tree NCCL_PROTO=Simple AUTOTUNE_PROFILE=" in out.stderr

@@ -9,7 +9,7 @@ import yaml
 from autotune.errors import ProfileError
 from autotune.hardware import detect
 from autotune.knobs import Config
-from autotune.profile import SCHEMA, FingerprintWarning, Profile, load_profile
+from autotune.profile import SCHEMA, FingerprintWarning, Profile, load_profile, profile_diff
 
 FIXTURE = Path(__file__).parent / "data" / "profile_v1.yaml"
 
@@ -66,7 +66,7 @@ def test_python_tags_are_refused_and_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     (tmp_path / "evil.yaml").write_text(
         f"schema: !!python/object/apply:os.system ['touch {marker}']\n")
-    with pytest.raises(ProfileError, match="not valid YAML"):
+    with pytest.raises(ProfileError, match="Python object tag"):
         load_profile(tmp_path / "evil.yaml")
     assert not marker.exists()
 
@@ -76,3 +76,176 @@ def test_fingerprint_mismatch_warns_naming_fields(tmp_path: Path) -> None:
     path = make(fp).save(tmp_path / "p.yaml")
     with pytest.warns(FingerprintWarning, match="cpu_model: 'Other CPU'.*gpu_count: 8"):
         load_profile(path)
+
+
+DATA = Path(__file__).parent / "data"
+DDP_FIXTURE = DATA / "profile_v1_ddp.yaml"
+NCCL_FIXTURE = DATA / "profile_v1_nccl.yaml"
+
+
+@pytest.mark.parametrize("path", [FIXTURE, DDP_FIXTURE, NCCL_FIXTURE], ids=lambda p: p.stem)
+def test_every_v1_fixture_loads_and_saves_back_unchanged(path: Path, tmp_path: Path) -> None:
+    profile = load_profile(path, check_fingerprint=False)
+    again = load_profile(profile.save(tmp_path / "p.yaml"), check_fingerprint=False)
+    assert again == profile and profile.schema == SCHEMA
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ("autotune.profile/v2", "newer than this autotune reads .'autotune.profile/v1'.: upgrade"),
+    ("autotune.profile/v0", "older than this autotune reads .'autotune.profile/v1'.: re-export"),
+    ("deepspeed.config/v1", "not an autotune profile schema; this autotune reads "
+                            "'autotune.profile/v1'"),
+    (None, "None, which is not an autotune profile schema"),
+])
+def test_other_schemas_are_refused_naming_both_versions(tmp_path: Path, schema: str | None,
+                                                        needle: str) -> None:
+    data = make().to_dict() | {"schema": schema}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=needle):
+        load_profile(tmp_path / "p.yaml")
+
+
+@pytest.mark.parametrize("cut", [0.1, 0.5, 0.9])
+def test_a_file_cut_anywhere_is_a_clear_error(tmp_path: Path, cut: float) -> None:
+    text = make().save(tmp_path / "p.yaml").read_text()
+    (tmp_path / "cut.yaml").write_text(text[: int(len(text) * cut)])
+    with pytest.raises(ProfileError, match="damaged"):
+        load_profile(tmp_path / "cut.yaml")
+
+
+def test_damaged_contents_name_every_problem(tmp_path: Path) -> None:
+    data = make().to_dict()
+    del data["fingerprint"]
+    data["config"]["warp_speed"] = 9
+    data["env"] = {"NCCL_ALGO": 3}
+    data["speedup"] = "fast"
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p.yaml")
+    for needle in ("lacks fingerprint", "warp_speed", "env whose names and values",
+                   "speedup that is not a number", "re-export"):
+        assert needle in str(err.value)
+    (tmp_path / "bin.yaml").write_bytes(b"\x00\xff\xfe garbage")
+    with pytest.raises(ProfileError, match="damaged|not text"):
+        load_profile(tmp_path / "bin.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ProfileError, match="expected a mapping, got list"):
+        load_profile(tmp_path / "list.yaml")
+
+
+def test_a_python_tag_deep_in_the_file_is_refused_too(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    text = make().save(tmp_path / "p.yaml").read_text().replace(
+        "speedup: 2.008", f"speedup: !!python/object/apply:os.system ['touch {marker}']")
+    (tmp_path / "evil.yaml").write_text(text)
+    with pytest.raises(ProfileError, match="Python object tag .*never loaded"):
+        load_profile(tmp_path / "evil.yaml")
+    assert not marker.exists()
+
+
+def test_load_profile_without_a_path_reads_the_launch_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune
+
+    monkeypatch.delenv("AUTOTUNE_PROFILE", raising=False)
+    with pytest.raises(ProfileError, match="AUTOTUNE_PROFILE is not set"):
+        autotune.load_profile()
+    monkeypatch.setenv("AUTOTUNE_PROFILE", str(make().save(tmp_path / "p.yaml")))
+    assert autotune.load_profile() == make()
+
+
+def test_training_kwargs_follow_the_config() -> None:
+    p = load_profile(DDP_FIXTURE, check_fingerprint=False)
+    assert (p.micro_batch_size, p.accumulation_steps, p.world_size, p.samples_per_step) == \
+        (32, 2, 2, 128)
+    assert p.dataloader_kwargs("cpu") == {"batch_size": 32, "num_workers": 1,
+                                          "pin_memory": False, "prefetch_factor": 4,
+                                          "persistent_workers": True}
+    assert p.ddp_kwargs() == {"bucket_cap_mb": 10, "gradient_as_bucket_view": True}
+    nccl = load_profile(NCCL_FIXTURE, check_fingerprint=False)
+    assert nccl.dataloader_kwargs("cuda")["pin_memory"] is True
+    assert nccl.dataloader_kwargs("cpu")["pin_memory"] is False  # pinning only feeds a GPU
+    assert nccl.env == {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
+    single = load_profile(FIXTURE, check_fingerprint=False)
+    assert single.dataloader_kwargs("cpu") == {"batch_size": 16, "num_workers": 0,
+                                               "pin_memory": False}
+
+
+def test_autocast_and_grad_scaler_follow_the_precision() -> None:
+    import torch
+
+    layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    bf16 = load_profile(FIXTURE, check_fingerprint=False)
+    with bf16.autocast("cpu"):
+        assert layer(x).dtype == torch.bfloat16
+    fp32 = make()
+    fp32 = Profile(**{**fp32.__dict__, "config": Config(amp="off")})
+    with fp32.autocast("cpu"):
+        assert layer(x).dtype == torch.float32
+    assert not bf16.grad_scaler("cpu").is_enabled()  # bf16 needs no loss scaling
+    from autotune.knobs import uses_grad_scaler
+
+    assert uses_grad_scaler(Config(amp="fp16"), "cuda")
+    assert not uses_grad_scaler(Config(amp="bf16"), "cuda")
+
+
+def test_apply_env_sets_warns_on_replace_and_refuses_in_a_process_group(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    p = load_profile(NCCL_FIXTURE, check_fingerprint=False)
+    environ: dict[str, str] = {"NCCL_ALGO": "Ring"}
+    with pytest.warns(UserWarning, match="NCCL_ALGO=Ring in the environment replaced by the "
+                                         "profile's NCCL_ALGO=Tree"):
+        assert p.apply_env(environ) == {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
+    assert environ == {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(ProfileError, match="after the process group started"):
+            p.apply_env({})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hugging_face_training_arguments_take_the_kwargs(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    p = load_profile(DDP_FIXTURE, check_fingerprint=False)
+    kwargs = p.hf_training_args()
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", **kwargs)
+    assert args.per_device_train_batch_size == 32 and args.gradient_accumulation_steps == 2
+    assert args.bf16 and not args.fp16 and args.use_cpu
+    assert (args.dataloader_num_workers, args.dataloader_prefetch_factor,
+            args.dataloader_pin_memory) == (1, 4, False)
+    assert args.ddp_bucket_cap_mb == 10
+
+
+def test_lightning_trainer_takes_the_kwargs() -> None:
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import DDPStrategy
+
+    p = load_profile(DDP_FIXTURE, check_fingerprint=False)
+    kwargs = p.lightning_trainer_kwargs()
+    assert kwargs["precision"] == "bf16-mixed" and kwargs["accumulate_grad_batches"] == 2
+    assert isinstance(kwargs["strategy"], DDPStrategy)
+    assert kwargs["strategy"]._ddp_kwargs == {"bucket_cap_mb": 10,
+                                              "gradient_as_bucket_view": True}
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, accelerator="cpu", **kwargs)
+    assert trainer.accumulate_grad_batches == 2 and trainer.num_devices == 2
+    single = load_profile(FIXTURE, check_fingerprint=False).lightning_trainer_kwargs()
+    assert single == {"precision": "bf16-mixed", "accumulate_grad_batches": 1}
+
+
+def test_diff_and_summary_name_what_matters() -> None:
+    a = load_profile(DDP_FIXTURE, check_fingerprint=False)
+    b = load_profile(NCCL_FIXTURE, check_fingerprint=False)
+    lines = profile_diff(a, b)
+    assert "config.nccl_algo: 'default' -> 'Tree'" in lines
+    assert "env.NCCL_ALGO: None -> 'Tree'" in lines
+    assert "workload.spec: 'mlp' -> 'bert'" in lines
+    assert any(line.startswith("fingerprint.device: 'cpu' -> 'cuda'") for line in lines)
+    assert profile_diff(a, a) == []
+    text = b.summary()
+    for needle in ("32 per micro-batch x 2 accumulation x 2 rank(s) = 128", "9,000.00 samples/s",
+                   "NCCL_ALGO=Tree NCCL_PROTO=Simple", "2 x NVIDIA H200", "speedup 1.5x"):
+        assert needle in text, text

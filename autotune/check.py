@@ -1,0 +1,93 @@
+"""`autotune profile check`: measure a profile's config again on this machine and compare.
+
+A regression check for training infrastructure: a new torch, driver, container or data pipeline
+that makes the tuned config slower (or no longer fit) fails it. Each round is a fresh trial
+process, measured as the profile's figure was (its ``result.measure`` settings), under the
+profile's memory limit; the median of the rounds is compared with the recorded samples/sec.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune import launch
+from autotune.errors import UsageError
+from autotune.hardware import Hardware, detect
+from autotune.measurement import INTERRUPTED, Measurement, classify
+from autotune.profile import Profile
+
+DEFAULT_THRESHOLD = 0.9
+DEFAULT_ROUNDS = 3
+
+
+@dataclass
+class CheckResult:
+    recorded: float  # the profile's samples/sec
+    threshold: float
+    rates: list[float] = field(default_factory=list)  # one per ok round
+    failures: list[str] = field(default_factory=list)  # "round N: status: reason"
+    peaks: list[int] = field(default_factory=list)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.rates) if self.rates else None
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.median is None else self.median / self.recorded
+
+    @property
+    def passed(self) -> bool:
+        """Every round ran and the median is at least ``threshold`` x the recorded figure."""
+        return not self.failures and self.ratio is not None and self.ratio >= self.threshold
+
+
+def check_target(profile: Profile, hw: Hardware) -> None:
+    """Refuse a comparison that cannot mean anything: another device type, too few GPUs."""
+    tuned = profile.fingerprint.get("device")
+    if tuned and tuned != hw.device:
+        raise UsageError(f"the profile was tuned on {tuned} and this machine runs trials on "
+                         f"{hw.device}: a check compares like with like; run it where such a "
+                         "device is")
+    if hw.device == "cuda" and profile.world_size > len(hw.gpus):
+        raise UsageError(f"the profile runs {profile.world_size} ranks and this machine has "
+                         f"{len(hw.gpus)} GPU(s); run the check on a machine like the one it "
+                         "was tuned on")
+
+
+def check_profile(profile: Profile, *, rounds: int = DEFAULT_ROUNDS,
+                  threshold: float = DEFAULT_THRESHOLD, trial_timeout_s: float = 600.0,
+                  on_round: Callable[[int, Measurement], None] | None = None,
+                  hw: Hardware | None = None) -> CheckResult:
+    """Measure the profile's config ``rounds`` times, each in a fresh trial process."""
+    if rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {rounds}")
+    if not 0 < threshold <= 10:
+        raise UsageError(f"--threshold is a ratio to the recorded samples/sec (e.g. 0.9), got "
+                         f"{threshold:g}")
+    hw = hw or detect()
+    check_target(profile, hw)
+    result = CheckResult(recorded=profile.samples_per_sec, threshold=threshold)
+    with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
+        for r in range(rounds):
+            p = launch.plan(
+                workload={"spec": profile.workload.get("spec") or profile.workload["name"],
+                          "params": profile.workload.get("params") or {}},
+                config=profile.config, device=hw.device, workdir=Path(tmp) / str(r + 1),
+                timeout_s=trial_timeout_s, measure=profile.result.get("measure") or {},
+                memory_limit_bytes=profile.result.get("memory_limit_bytes"))
+            m = classify(launch.execute(p), hw.device)
+            if m.ended_by == INTERRUPTED:
+                raise KeyboardInterrupt
+            if m.ok and m.samples_per_sec:
+                result.rates.append(m.samples_per_sec)
+                result.peaks.append(m.peak_memory_bytes)
+            else:
+                result.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
+            if on_round is not None:
+                on_round(r, m)
+    return result
