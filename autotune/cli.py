@@ -26,6 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find the fastest way to train a model on this machine, by measuring it.")
 
 F = TypeVar("F", bound=Callable[..., Any])
+Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -134,7 +135,7 @@ def run(
         help="Interleaved rounds of that re-measurement")] = 3,
     prune: Annotated[bool, typer.Option(
         help="Stop trials whose first windows are clearly below the best")] = True,
-    debug: Annotated[bool, typer.Option(help="Show tracebacks")] = False,
+    debug: Debug = False,
 ) -> None:
     """Tune a workload on this machine and export the winner as a profile."""
     from autotune.console import ConsoleReporter
@@ -175,7 +176,7 @@ def run(
 
 @app.command("list")
 @guarded
-def list_(debug: Annotated[bool, typer.Option(help="Show tracebacks")] = False) -> None:
+def list_(debug: Debug = False) -> None:
     """Print the built-in workloads and search spaces."""
     import yaml
 
@@ -198,7 +199,6 @@ def list_(debug: Annotated[bool, typer.Option(help="Show tracebacks")] = False) 
 profile_app = typer.Typer(no_args_is_help=True, help="Read, compare and re-check profiles.")
 app.add_typer(profile_app, name="profile")
 ProfileArg = Annotated[Path, typer.Argument(help="A profile.yaml written by `autotune run`")]
-Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
 
 
 def _load(path: Path) -> Profile:
