@@ -135,10 +135,12 @@ def run(
         help="Interleaved rounds of that re-measurement")] = 3,
     prune: Annotated[bool, typer.Option(
         help="Stop trials whose first windows are clearly below the best")] = True,
+    json_: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object per event on stdout, for scripts")] = False,
     debug: Debug = False,
 ) -> None:
     """Tune a workload on this machine and export the winner as a profile."""
-    from autotune.console import ConsoleReporter
+    from autotune.console import ConsoleReporter, JsonReporter
     from autotune.study import RunOptions
     from autotune.study import run as run_study
     from autotune.workloads import parse_params
@@ -165,7 +167,7 @@ def run(
         patience=patience or None, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
         prune=prune)
     _sigterm_as_interrupt()
-    summary = run_study(opts, ConsoleReporter())
+    summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter())
     if summary.best is None:
         counts = ", ".join(f"{n} {s}" for s, n in
                            sorted(Counter(t.status for t in summary.trials).items()))
@@ -192,6 +194,70 @@ def list_(debug: Debug = False) -> None:
         data = yaml.safe_load(path.read_text()) or {}
         knobs = ", ".join((data.get("knobs") or {}).keys())
         typer.echo(f"  {name:<10} {data.get('description', '')}\n  {'':<10} knobs: {knobs}")
+
+
+@app.command("dashboard")
+@guarded
+def dashboard(
+    study: Annotated[str | None, typer.Option(
+        help="Study name (default: the only one, or the most recently started)")] = None,
+    storage: Annotated[str, typer.Option(help="Optuna storage URL")] =
+        "sqlite:///studies/autotune.db",
+    out: Annotated[Path | None, typer.Option(
+        help="Where to write it (default: studies/<study>/dashboard.html)")] = None,
+    open_: Annotated[bool, typer.Option("--open", help="Open it in a browser")] = False,
+    live: Annotated[bool, typer.Option(
+        help="Serve optuna-dashboard on the storage (127.0.0.1) until Ctrl-C instead")] = False,
+    port: Annotated[int, typer.Option(help="Port for --live (0: a free one)")] = 0,
+    png: Annotated[bool, typer.Option(
+        help="Also write each panel as a PNG (needs kaleido and a Chromium)")] = False,
+    debug: Debug = False,
+) -> None:
+    """Write a study's dashboard: one self-contained HTML file that works offline."""
+    from autotune.report import load_for_dashboard, serve_live, write_dashboard, write_pngs
+
+    if live:
+        _sigterm_as_interrupt()
+        try:
+            serve_live(storage, port, lambda url: typer.echo(f"live dashboard: {url} "
+                                                             "(Ctrl-C stops it)"))
+        except KeyboardInterrupt:
+            typer.echo("live dashboard stopped")
+        return
+    chosen, why = load_for_dashboard(storage, study)
+    path = write_dashboard(chosen, out or Path("studies") / chosen.study_name / "dashboard.html")
+    typer.echo(f"dashboard for study {chosen.study_name}{why}: {path}")
+    if png:
+        images = write_pngs(chosen, path.parent / "panels")
+        typer.echo(f"{len(images)} PNG panels: {images[0].parent}")
+    if open_:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+
+
+@app.command("studies")
+@guarded
+def studies(
+    storage: Annotated[str, typer.Option(help="Optuna storage URL")] =
+        "sqlite:///studies/autotune.db",
+    debug: Debug = False,
+) -> None:
+    """List the studies in a storage: measured trials, best samples/sec, speedup, last
+    activity."""
+    from autotune.report import list_studies
+
+    rows = list_studies(storage)
+    if not rows:
+        typer.echo("no studies yet: `autotune run` starts one")
+        return
+    width = max(len(r["study"]) for r in rows)
+    typer.echo(f"{'study':<{width}}  trials  best samples/s  speedup  last activity")
+    for r in sorted(rows, key=lambda r: str(r["last_activity"]), reverse=True):
+        best = "-" if r["best_samples_per_sec"] is None else f"{r['best_samples_per_sec']:,.2f}"
+        speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        when = r["last_activity"].strftime("%Y-%m-%d %H:%M") if r["last_activity"] else "-"
+        typer.echo(f"{r['study']:<{width}}  {r['trials']:>6}  {best:>14}  {speedup:>7}  {when}")
 
 
 # -- profiles ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import launch
-from autotune.errors import AutotuneError, StorageError, UsageError
+from autotune.errors import AutotuneError, StorageError, UsageError, one_line
 from autotune.hardware import (
     Hardware,
     detect,
@@ -140,6 +140,7 @@ class RunSummary:
     confirmation: dict[str, Any] | None = None  # as recorded in the study and the profile
     confirmed_speedup: float | None = None  # winner / baseline, measured side by side
     confirm_skipped: str | None = None  # why this run did not confirm, when it did not
+    dashboard: str = ""  # its path, or why it was not written
 
     @property
     def speedup(self) -> float | None:
@@ -794,7 +795,16 @@ class Runner:
                           view(best) if best else None, view(base) if base else None,
                           [view(t) for t in trials], wall_s, interrupted, stop_reason,
                           confirmation=conf, confirmed_speedup=speedup,
-                          confirm_skipped=self.confirm_skipped)
+                          confirm_skipped=self.confirm_skipped, dashboard=self._dashboard())
+
+    def _dashboard(self) -> str:
+        """Draw studies/<study>/dashboard.html again; failing to draw never fails the run."""
+        from autotune.report import write_dashboard
+
+        try:
+            return str(write_dashboard(self.study, self.out_dir / "dashboard.html"))
+        except Exception as exc:  # noqa: BLE001 - the study and the profile are already saved
+            return f"not written ({one_line(exc)})"
 
 
 def _walls(trials: list[FrozenTrial]) -> dict[int, float]:

@@ -1,0 +1,400 @@
+"""The study dashboard: one self-contained HTML file (plotly.js embedded, no network request).
+
+Panels answer what a user asks of a study: how the search went (history), where the memory wall
+is (throughput and peak memory against micro-batch size), which knob mattered (PED-ANOVA
+importances, parallel coordinates), why the winner wins (where step time goes), what ran when
+(timeline) and what to take (top configs). Built from the study alone, so it can be drawn again
+at any time, from any machine that reaches the storage.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.hardware import format_bytes
+from autotune.results import (
+    TrialView,
+    confirmed,
+    confirmed_winner,
+    pick_baseline,
+    recorded,
+    view,
+)
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+PANELS = (
+    "Optimization history",
+    "Samples/sec by micro-batch size",
+    "Peak memory by micro-batch size",
+    "Parameter importance (PED-ANOVA)",
+    "Parallel coordinates",
+    "Where step time goes",
+    "Trial timeline",
+    "Top configs",
+)
+_AMP_COLOURS = {"off": "#1f77b4", "bf16": "#2ca02c", "fp16": "#ff7f0e"}
+_STATUS_COLOURS = {"ok": "#2ca02c", "oom": "#d62728", "timeout": "#9467bd", "error": "#7f7f7f",
+                   "pruned": "#bcbd22"}
+_PARTS = (("data_wait", "data wait", "#ff7f0e"), ("comm_wait", "communication", "#9467bd"),
+          ("compute", "compute", "#1f77b4"))
+
+
+def panels(study: optuna.Study) -> list[tuple[str, Any]]:
+    """(title, plotly figure) for each panel, in PANELS order."""
+    trials = recorded(study)
+    views = [view(t) for t in trials]
+    limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
+    figures = [_history(views), _rate_by_micro(views, limit), _memory_by_micro(views, limit),
+               _importance(study), _parallel(views), _breakdown(views), _timeline(trials),
+               _top_table(views, limit)]
+    for title, fig in zip(PANELS, figures, strict=True):
+        # Parallel coordinates put their axis labels above the plot: give them room.
+        top = 60 if title == "Parallel coordinates" else 20
+        fig.update_layout(margin={"t": top, "b": 40, "l": 60, "r": 20}, height=420)
+    return list(zip(PANELS, figures, strict=True))
+
+
+def build_dashboard(study: optuna.Study) -> str:
+    """The dashboard's HTML: a header and one figure per panel, plotly.js inlined once."""
+    trials = recorded(study)
+    limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
+    parts = [_header(study, trials, [view(t) for t in trials], limit)]
+    for i, (title, fig) in enumerate(panels(study)):
+        parts.append(f'<section id="panel-{i}"><h2>{html.escape(title)}</h2>'
+                     + fig.to_html(full_html=False, include_plotlyjs=i == 0,
+                                   config={"displaylogo": False})
+                     + "</section>")
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+            f"<title>autotune: {html.escape(study.study_name)}</title>"
+            "<style>body{font-family:sans-serif;margin:1.5em;max-width:1200px}"
+            "table.head td{padding:2px 12px 2px 0}</style></head><body>"
+            + "".join(parts) + "</body></html>")
+
+
+def write_dashboard(study: optuna.Study, path: Path) -> Path:
+    """Write the dashboard to ``path`` atomically (a reader never sees half a file)."""
+    import os
+
+    tmp = path.with_suffix(".html.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(build_dashboard(study))
+    os.replace(tmp, path)
+    return path
+
+
+def write_pngs(study: optuna.Study, folder: Path) -> list[Path]:
+    """Each panel as ``folder/NN-name.png`` through kaleido, which drives a Chromium."""
+    import re
+
+    from autotune.errors import AutotuneError, UsageError
+
+    try:
+        import kaleido  # noqa: F401 - plotly's image export needs it
+    except ImportError:
+        raise UsageError("--png needs kaleido (pip install 'autotune[png]') and a Chromium "
+                         "(e.g. Debian's package chromium); the HTML dashboard needs neither"
+                         ) from None
+    import plotly.io
+
+    folder.mkdir(parents=True, exist_ok=True)
+    drawn = panels(study)
+    paths = [folder / f"{i + 1:02d}-{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')}.png"
+             for i, (title, _) in enumerate(drawn)]
+    try:  # one browser for all panels
+        plotly.io.write_images([fig for _, fig in drawn], paths, width=1200, height=420)
+    except Exception as exc:  # noqa: BLE001 - kaleido's errors name the missing browser
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise AutotuneError(f"PNG export failed ({type(exc).__name__}: {first[:200]}); it needs "
+                            "a Chromium (e.g. Debian's package chromium)") from None
+    return paths
+
+
+def open_existing(storage_url: str) -> optuna.storages.RDBStorage:
+    """Open a storage to read; a SQLite file that is not there is an error, not a new file."""
+    from autotune.errors import UsageError
+    from autotune.study import open_storage
+
+    if storage_url.startswith("sqlite:///") and not Path(storage_url[10:]).exists():
+        raise UsageError(f"no study storage at {storage_url[10:]}: run `autotune run` first, "
+                         "or pass --storage URL")
+    return open_storage(storage_url)
+
+
+def load_for_dashboard(storage_url: str, study_name: str | None) -> tuple[optuna.Study, str]:
+    """The study to draw: ``study_name``, else the only one, else the most recently started
+    (the second value says which, and why). Never creates a storage that is not there."""
+    import optuna
+
+    from autotune.errors import UsageError
+    from autotune.study import redact
+
+    storage = open_existing(storage_url)
+    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+    names = [s.study_name for s in summaries]
+    if study_name is not None:
+        if study_name not in names:
+            raise UsageError(f"no study {study_name!r} in {redact(storage_url)}; it has: "
+                             f"{', '.join(names) or 'none'}")
+        chosen, why = study_name, ""
+    elif not summaries:
+        raise UsageError(f"no study in {redact(storage_url)}: run `autotune run` first")
+    else:
+        latest = max(summaries, key=lambda s: s.datetime_start.timestamp()
+                     if s.datetime_start else 0.0)
+        chosen = latest.study_name
+        why = "" if len(names) == 1 else (f" (the most recently started of {len(names)}; "
+                                          "pass --study NAME for another)")
+    return optuna.load_study(study_name=chosen, storage=storage), why
+
+
+def list_studies(storage_url: str) -> list[dict[str, Any]]:
+    """One row per study: measured trials, best samples/sec, speedup, last activity."""
+    import optuna
+
+    from autotune.results import measured
+
+    storage = open_existing(storage_url)
+    rows = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials = recorded(study)
+        limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
+        best, base = confirmed_winner(study, trials, limit), pick_baseline(trials)
+        times = [t.datetime_complete or t.datetime_start for t in study.trials]
+        stamps = [t for t in times if t is not None]
+        rows.append({
+            "study": summary.study_name, "trials": len(measured(trials)),
+            "best_samples_per_sec": _rate(best) if best else None,
+            "speedup": _rate(best) / _rate(base) if best and base else None,
+            "last_activity": max(stamps) if stamps else summary.datetime_start})
+    return rows
+
+
+def serve_live(storage_url: str, port: int, on_ready: Any) -> None:
+    """optuna-dashboard on the storage, bound to 127.0.0.1 (``port`` 0: a free one), until
+    interrupted. ``on_ready(url)`` is called once it listens."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    import optuna_dashboard
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+            pass
+
+    app = optuna_dashboard.wsgi(open_existing(storage_url))
+    with make_server("127.0.0.1", port, app, handler_class=Quiet) as server:
+        on_ready(f"http://127.0.0.1:{server.server_port}/dashboard/")
+        server.serve_forever()
+
+
+def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialView],
+            limit: int) -> str:
+    fp = study.user_attrs.get("fingerprint") or {}
+    where = (f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}" if fp.get("gpus")
+             else f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores")
+    best, base = confirmed_winner(study, trials, limit), pick_baseline(trials)
+    rows = [("study", study.study_name), ("hardware", f"{where}, torch {fp.get('torch_version')}"),
+            ("memory limit", format_bytes(limit) if limit else "-")]
+    if base is not None:
+        rows.append(("baseline", f"{view(base).config.describe()}: {_rate(base):,.2f} samples/s"))
+    if best is not None:
+        rows.append(("best", f"{view(best).config.describe()}: {_rate(best):,.2f} samples/s"))
+        if base is not None:
+            rows.append(("speedup", f"{_rate(best) / _rate(base):.2f}x (trials' own figures)"))
+    conf = confirmed(study, trials)
+    if conf is not None:
+        d = conf["decision"]
+        medians = ", ".join(f"#{c['trial']}{' (baseline)' if c['baseline'] else ''} "
+                            f"{c['median']:,.2f}" for c in conf["candidates"] if c["median"])
+        rows.append(("confirmed", f"{conf['rounds']} interleaved rounds, medians {medians}; "
+                                  f"winner #{d.get('winner_trial')} by {d.get('decided_by')}"))
+    counts = Counter("ruled out" if v.predicted else v.status for v in views)
+    rows.append(("trials", ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    cells = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>"
+                    for k, v in rows)
+    return f'<h1>autotune study</h1><table class="head">{cells}</table>'
+
+
+def _rate(t: FrozenTrial) -> float:
+    return float(t.user_attrs["measurement"]["samples_per_sec"])
+
+
+def _go() -> Any:
+    import plotly.graph_objects as go
+
+    return go
+
+
+def _history(views: list[TrialView]) -> Any:
+    go = _go()
+    fig = go.Figure()
+    ok = [v for v in views if v.status == "ok" and v.samples_per_sec]
+    fig.add_scatter(x=[v.number for v in ok], y=[v.samples_per_sec for v in ok], mode="markers",
+                    name="trial", text=[v.config.describe() for v in ok])
+    best, xs, ys = 0.0, [], []
+    for v in ok:
+        best = max(best, v.samples_per_sec or 0.0)
+        xs.append(v.number)
+        ys.append(best)
+    fig.add_scatter(x=xs, y=ys, mode="lines", line={"shape": "hv"}, name="best so far")
+    failed = [v for v in views if v.status != "ok"]
+    fig.add_scatter(x=[v.number for v in failed], y=[0] * len(failed), mode="markers",
+                    marker={"symbol": "x",
+                            "color": [_STATUS_COLOURS.get(v.status) for v in failed]},
+                    name="no result", text=[f"{v.status}: {v.reason}" for v in failed])
+    base = next((v for v in views if v.is_baseline and v.samples_per_sec), None)
+    if base is not None:
+        fig.add_hline(y=base.samples_per_sec, line_dash="dot", annotation_text="baseline")
+    fig.update_xaxes(title="trial")
+    fig.update_yaxes(title="samples/sec")
+    return fig
+
+
+def _by_amp(views: list[TrialView]) -> dict[str, list[TrialView]]:
+    groups: dict[str, list[TrialView]] = {}
+    for v in views:
+        groups.setdefault(v.config.amp, []).append(v)
+    return groups
+
+
+def _rate_by_micro(views: list[TrialView], limit: int) -> Any:
+    go = _go()
+    fig = go.Figure()
+    for amp, group in _by_amp(views).items():
+        ok = [v for v in group if v.status == "ok" and v.samples_per_sec]
+        fig.add_scatter(
+            x=[v.config.micro_batch_size for v in ok], y=[v.samples_per_sec for v in ok],
+            mode="markers", name="fp32" if amp == "off" else amp,
+            marker={"color": _AMP_COLOURS.get(amp), "size": 9,
+                    # Over the memory limit: measured, but not a config to take.
+                    "symbol": ["circle-open" if limit and v.peak_memory_bytes > limit
+                               else "circle" for v in ok]},
+            text=[v.config.describe() for v in ok])
+    failed = [v for v in views if v.status in ("oom", "timeout", "error") or v.predicted]
+    fig.add_scatter(x=[v.config.micro_batch_size for v in failed], y=[0] * len(failed),
+                    mode="markers", name="OOM / too slow / error / ruled out",
+                    marker={"symbol": "x", "size": 10,
+                            "color": [_STATUS_COLOURS.get(v.status) for v in failed]},
+                    text=[f"{v.config.describe()}: {v.reason}" for v in failed])
+    fig.update_xaxes(title="micro-batch size", type="log", dtick=math.log10(2))
+    fig.update_yaxes(title="samples/sec (open: over the memory limit)")
+    return fig
+
+
+def _memory_by_micro(views: list[TrialView], limit: int) -> Any:
+    go = _go()
+    fig = go.Figure()
+    for amp, group in _by_amp(views).items():
+        ran = [v for v in group if v.peak_memory_bytes and not v.predicted]
+        fig.add_scatter(x=[v.config.micro_batch_size for v in ran],
+                        y=[v.peak_memory_bytes / 2**30 for v in ran], mode="markers",
+                        name="fp32" if amp == "off" else amp,
+                        marker={"color": _AMP_COLOURS.get(amp), "size": 9,
+                                "symbol": ["x" if v.status == "oom" else "circle" for v in ran]},
+                        text=[f"{v.config.describe()}: {v.status}" for v in ran])
+    ruled = [v for v in views if v.predicted and v.peak_memory_bytes]
+    if ruled:
+        fig.add_scatter(x=[v.config.micro_batch_size for v in ruled],
+                        y=[v.peak_memory_bytes / 2**30 for v in ruled], mode="markers",
+                        name="predicted (not run)", marker={"symbol": "diamond-open", "size": 10},
+                        text=[v.reason for v in ruled])
+    if limit:
+        fig.add_hline(y=limit / 2**30, line_color="#d62728", annotation_text="memory limit")
+    fig.update_xaxes(title="micro-batch size", type="log", dtick=math.log10(2))
+    fig.update_yaxes(title="peak memory (GiB)")
+    return fig
+
+
+def _importance(study: optuna.Study) -> Any:
+    """PED-ANOVA (no scikit-learn) over the searched knobs of the finished trials."""
+    import optuna
+
+    go = _go()
+    fig = go.Figure()
+    try:
+        values = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
+        values, why = {}, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    else:
+        why = "needs finished trials that differ in more than one knob"
+    if values:
+        names = list(values)[::-1]
+        fig.add_bar(x=[values[n] for n in names], y=names, orientation="h")
+        fig.update_xaxes(title="importance for samples/sec (normalised)")
+    else:
+        fig.add_annotation(text=f"not enough trials yet: {why}", showarrow=False)
+    return fig
+
+
+def _parallel(views: list[TrialView]) -> Any:
+    go = _go()
+    ok = [v for v in views if v.status == "ok" and v.samples_per_sec]
+    amps = sorted({v.config.amp for v in ok})
+    dims = [
+        {"label": "micro-batch", "values": [v.config.micro_batch_size for v in ok]},
+        {"label": "accumulation", "values": [v.config.grad_accum_steps for v in ok]},
+        {"label": "precision", "values": [amps.index(v.config.amp) for v in ok],
+         "tickvals": list(range(len(amps))),
+         "ticktext": ["fp32" if a == "off" else a for a in amps]},
+        {"label": "loader workers", "values": [v.config.num_workers for v in ok]},
+    ]
+    if any(v.config.world_size > 1 for v in ok):
+        dims.append({"label": "bucket MB", "values": [v.config.ddp_bucket_cap_mb for v in ok]})
+    dims.append({"label": "samples/sec", "values": [v.samples_per_sec for v in ok]})
+    return go.Figure(go.Parcoords(
+        line={"color": [v.samples_per_sec for v in ok], "colorscale": "Viridis",
+              "showscale": True}, dimensions=dims))
+
+
+def _breakdown(views: list[TrialView]) -> Any:
+    go = _go()
+    ok = [v for v in views if v.status == "ok" and v.breakdown]
+    labels = [f"#{v.number} {v.config.describe()}" for v in ok]
+    fig = go.Figure()
+    for key, name, colour in _PARTS:
+        fig.add_bar(x=labels, y=[100 * v.breakdown.get(key, 0.0) for v in ok], name=name,
+                    marker_color=colour)
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="% of step time", range=[0, 100])
+    return fig
+
+
+def _timeline(trials: list[FrozenTrial]) -> Any:
+    go = _go()
+    fig = go.Figure()
+    for t in trials:
+        if t.datetime_start is None or t.datetime_complete is None:
+            continue
+        status = t.user_attrs.get("status", "error")
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds()
+        fig.add_bar(x=[seconds * 1000], base=[t.datetime_start], y=[f"#{t.number}"],
+                    orientation="h", marker_color=_STATUS_COLOURS.get(status), showlegend=False,
+                    hovertext=f"#{t.number} {status}, {seconds:.1f}s")
+    fig.update_xaxes(type="date", title="wall clock")
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def _top_table(views: list[TrialView], limit: int) -> Any:
+    go = _go()
+    ok = [v for v in views if v.status == "ok" and v.samples_per_sec and v.reused_from is None
+          and (not limit or v.peak_memory_bytes <= limit)]
+    top = sorted(ok, key=lambda v: -(v.samples_per_sec or 0.0))[:10]
+    cols = [[f"#{v.number}" + (" (baseline)" if v.is_baseline else "") for v in top],
+            [v.config.describe() for v in top],
+            [f"{v.samples_per_sec:,.2f}" for v in top],
+            ["-" if v.spread_cv is None else f"{100 * v.spread_cv:.1f}%" for v in top],
+            [format_bytes(v.peak_memory_bytes) for v in top],
+            [f"{100 * v.breakdown.get('data_wait', 0.0):.0f}%" for v in top]]
+    return go.Figure(go.Table(
+        header={"values": ["trial", "config", "samples/sec", "spread", "peak memory",
+                           "data wait"]},
+        cells={"values": cols}))

@@ -1,0 +1,34 @@
+"""What `autotune run` prints outside a terminal: plain lines, or JSON lines with --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import FAST, autotune
+
+
+def test_json_events_parse_line_by_line(workdir: Path) -> None:
+    out = autotune("run", "--model", "mlp", "--trials", "2", "--json", *FAST, cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(line) for line in out.stdout.splitlines()]  # every line is one object
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "started" and kinds[-1] == "finished"
+    assert kinds.count("trial_started") == 2 and kinds.count("trial_finished") == 2
+    windows = [e for e in events if e["event"] == "trial_progress" and e["kind"] == "window"]
+    assert windows and all(w["trial"] in (0, 1) and w["samples_per_sec"] > 0 for w in windows)
+    done = events[-1]
+    assert done["best"]["samples_per_sec"] > 0 and Path(workdir / done["profile"]).exists()
+    assert Path(workdir / done["dashboard"]).exists()
+    assert events[0]["fixed"]["pin_memory"]["reason"]  # why a knob is not searched here
+
+
+def test_plain_output_is_line_oriented(workdir: Path) -> None:
+    out = autotune("run", "--model", "mlp", "--trials", "2", *FAST, cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "\r" not in text and "\x1b[" not in text  # no progress bar redraws, no colour codes
+    lines = text.splitlines()
+    assert any(ln.startswith("trial 1/2 (baseline): ") for ln in lines)
+    assert any(ln.startswith("  #1 ") for ln in lines)
+    assert any(ln.startswith("dashboard: ") and ln.endswith("dashboard.html") for ln in lines)
