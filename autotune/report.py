@@ -321,7 +321,7 @@ def _importance(study: optuna.Study) -> Any:
     try:
         values = optuna.importance.get_param_importances(
             study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
-    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - one panel short is no reason to lose the rest
         values, why = {}, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     else:
         why = "needs finished trials that differ in more than one knob"
