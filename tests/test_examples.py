@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -34,25 +36,38 @@ def run_json(argv: list[str], cwd: Path, timeout: float = 240) -> dict:
 def test_the_plain_loop_reproduces_the_profiles_throughput(tuned_mlp: Path,
                                                            tmp_path: Path) -> None:
     """Tune mlp, then train it with the profile in the example's loop: the loop's samples/sec is
-    within 15% of the profile's figure (the confirmation's median).
+    within 15% of the profile's.
 
-    On the shared 2-core machine CI runs on, two runs of one config a minute apart differ by up
-    to ~30% at times (host load we cannot see), more than the tolerance. So the loop gets up to
-    three fresh runs and one must land within 15%: a profile applied wrongly (another batch size,
-    precision or loader) is off in every run and still fails."""
+    The profile's figure comes from trial processes (the confirmation's median). On the shared
+    2-core machine CI runs on, throughput drifts by up to ~30% within minutes (measured: loops
+    right after a study at 0.80x and at 1.29x its figure), so a single comparison with a figure
+    taken a minute earlier fails often for reasons outside the code. The tight check is made
+    the way such drift is handled in benchmarks, interleaved: loop runs alternate with
+    `autotune profile check` rounds, which measure the profile's config exactly as its figure
+    was measured, and the medians must agree within 15%. The check itself builds the trial from
+    the config, not through the Profile methods the loop uses, so a profile misapplied by the
+    loop (batch size, precision, loader) shows. The recorded figure must still be the same kind
+    of number (within 40%)."""
     profile = load_profile(tuned_mlp)
     exported = yaml.safe_load(tuned_mlp.read_text())
     assert Config.from_dict(exported["config"]) == profile.config
     assert profile.confirmation is not None  # the figure is the interleaved re-measurement's
-    ratios = []
+    loops, trials = [], []
     for _ in range(3):
+        out = autotune("profile", "check", str(tuned_mlp), "--rounds", "1", "--threshold",
+                       "0.01", cwd=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        found = re.search(r"round 1/1: ([\d,.]+) samples/s", out.stdout)
+        assert found, out.stdout
+        trials.append(float(found.group(1).replace(",", "")))
         report = run_json([sys.executable, str(EXAMPLES / "train_plain.py"), "--profile",
                            str(tuned_mlp), "--seconds", "5"], tmp_path)
         assert report["profile_samples_per_sec"] == pytest.approx(profile.samples_per_sec)
-        ratios.append(report["ratio"])
-        if abs(report["ratio"] - 1) <= 0.15:
-            break
-    assert abs(ratios[-1] - 1) <= 0.15, f"loop / profile ratios {ratios}"
+        loops.append(report["samples_per_sec"])
+    ratio = statistics.median(loops) / statistics.median(trials)
+    assert abs(ratio - 1) <= 0.15, (loops, trials)
+    assert abs(statistics.median(loops) / profile.samples_per_sec - 1) <= 0.4, \
+        (loops, profile.samples_per_sec)
 
 
 def test_the_plain_loop_on_two_ranks_through_autotune_launch(tmp_path: Path) -> None:
