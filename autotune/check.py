@@ -20,9 +20,6 @@ from autotune.hardware import Hardware, detect
 from autotune.measurement import INTERRUPTED, Measurement, classify
 from autotune.profile import Profile
 
-DEFAULT_THRESHOLD = 0.9
-DEFAULT_ROUNDS = 3
-
 
 @dataclass
 class CheckResult:
@@ -59,8 +56,8 @@ def check_target(profile: Profile, hw: Hardware) -> None:
                          "was tuned on")
 
 
-def check_profile(profile: Profile, *, rounds: int = DEFAULT_ROUNDS,
-                  threshold: float = DEFAULT_THRESHOLD, trial_timeout_s: float = 600.0,
+def check_profile(profile: Profile, *, rounds: int, threshold: float,
+                  trial_timeout_s: float = 600.0,
                   on_round: Callable[[int, Measurement], None] | None = None,
                   hw: Hardware | None = None) -> CheckResult:
     """Measure the profile's config ``rounds`` times, each in a fresh trial process."""

@@ -27,6 +27,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 F = TypeVar("F", bound=Callable[..., Any])
 Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
+# Where `autotune run` keeps its studies unless told otherwise (the embedded default).
+DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -96,7 +98,7 @@ def run(
     space: Annotated[str, typer.Option(
         help="Search space: built-in name or YAML file")] = "default",
     storage: Annotated[str | None, typer.Option(
-        help="Optuna storage URL (default: sqlite:///studies/autotune.db)")] = None,
+        help=f"Optuna storage URL (default: {DEFAULT_STORAGE})")] = None,
     study: Annotated[str | None, typer.Option(
         help="Study name (default: workload-space-<hash of params, space, hardware>)")] = None,
     trials: Annotated[int | None, typer.Option(
@@ -201,8 +203,7 @@ def list_(debug: Debug = False) -> None:
 def dashboard(
     study: Annotated[str | None, typer.Option(
         help="Study name (default: the only one, or the most recently started)")] = None,
-    storage: Annotated[str, typer.Option(help="Optuna storage URL")] =
-        "sqlite:///studies/autotune.db",
+    storage: Annotated[str, typer.Option(help="Optuna storage URL")] = DEFAULT_STORAGE,
     out: Annotated[Path | None, typer.Option(
         help="Where to write it (default: studies/<study>/dashboard.html)")] = None,
     open_: Annotated[bool, typer.Option("--open", help="Open it in a browser")] = False,
@@ -239,8 +240,7 @@ def dashboard(
 @app.command("studies")
 @guarded
 def studies(
-    storage: Annotated[str, typer.Option(help="Optuna storage URL")] =
-        "sqlite:///studies/autotune.db",
+    storage: Annotated[str, typer.Option(help="Optuna storage URL")] = DEFAULT_STORAGE,
     debug: Debug = False,
 ) -> None:
     """List the studies in a storage: measured trials, best samples/sec, speedup, last
@@ -328,12 +328,14 @@ def profile_check(
 ) -> None:
     """Measure the profile's config again on this machine; exit 1 if it is slower than
     --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
+    from autotune.bench import DEFAULT_MEASURE
     from autotune.check import check_profile
     from autotune.hardware import detect, format_bytes
 
     profile = _load(path)
     hw = detect()
-    budget = float((profile.result.get("measure") or {}).get("max_seconds", 60.0))
+    measure = {**DEFAULT_MEASURE, **(profile.result.get("measure") or {})}
+    budget = float(measure["max_seconds"])
     typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
                f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
                f"{profile.samples_per_sec:,.2f} samples/s")

@@ -216,6 +216,13 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb"
           "tib": 2**40}
 
 
+def describe_fingerprint(fp: dict[str, Any]) -> str:
+    """Where a study or profile was measured, in a few words, from its stored fingerprint."""
+    if fp.get("gpus"):
+        return f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}"
+    return f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores"
+
+
 def format_duration(seconds: float) -> str:
     """``12m 00s`` or ``45s``."""
     seconds = int(round(seconds))

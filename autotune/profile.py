@@ -199,12 +199,11 @@ class Profile:
 
     def summary(self) -> str:
         """A few lines for a human: what was tuned, what it measured, against what, where."""
-        from autotune.hardware import format_bytes
+        from autotune.hardware import describe_fingerprint, format_bytes
 
         c, r, fp = self.config, self.result, self.fingerprint
         params = self.workload.get("params") or {}
-        where = (f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}" if fp.get("gpus")
-                 else f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores")
+        where = describe_fingerprint(fp)
         lines = [f"workload   {self.workload.get('name')}"
                  + (f" {params}" if params else ""),
                  f"config     {c.describe()}",

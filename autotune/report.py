@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.hardware import format_bytes
+from autotune.hardware import describe_fingerprint, format_bytes
 from autotune.results import (
     TrialView,
     confirmed,
@@ -197,8 +197,7 @@ def serve_live(storage_url: str, port: int, on_ready: Any) -> None:
 def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialView],
             limit: int) -> str:
     fp = study.user_attrs.get("fingerprint") or {}
-    where = (f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}" if fp.get("gpus")
-             else f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores")
+    where = describe_fingerprint(fp)
     best, base = confirmed_winner(study, trials, limit), pick_baseline(trials)
     rows = [("study", study.study_name), ("hardware", f"{where}, torch {fp.get('torch_version')}"),
             ("memory limit", format_bytes(limit) if limit else "-")]
