@@ -82,7 +82,7 @@ def _tie_to_tuner() -> None:
     threads) and which torchrun's agent sends to tear the ranks down; and, for a main thread stuck
     in native code, a thread that notices the parent change or the tuner's end.
     """
-    signal.signal(signal.SIGTERM, lambda signum, frame: os.killpg(os.getpgrp(), signal.SIGKILL))
+    signal.signal(signal.SIGTERM, lambda signum, frame: _stopped())
     # A Python handler runs only when the main thread runs Python; one blocked in native code (a
     # collective whose peer is gone) would ignore torchrun's SIGTERM until its SIGKILL 30 s later.
     # The C-level handler writes every signal to the wakeup fd at once: the watch thread acts on it.
@@ -104,11 +104,30 @@ def _tie_to_tuner() -> None:
         while True:
             ready, _, _ = select.select([wake_r], [], [], 0.5)
             if ready and int(signal.SIGTERM) in os.read(wake_r, 256):
-                os.killpg(os.getpgrp(), signal.SIGKILL)
+                _stopped()
             if orphaned():
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True, name="autotune-parent-watch").start()
+
+
+def _stopped() -> None:
+    """End this process and its loader workers now, on a SIGTERM: the workers by SIGKILL, this
+    process with exit code 143 (128 + SIGTERM). Not by SIGKILL: torchrun would report this rank
+    as killed (-9), which reads as the kernel's OOM killer, and when it stops this rank because
+    a peer failed, the trial would be blamed on memory instead of the peer's own error."""
+    import psutil
+
+    me, group = os.getpid(), os.getpgrp()
+    with contextlib.suppress(Exception):
+        for proc in psutil.Process().children(recursive=True):
+            with contextlib.suppress(Exception):
+                proc.kill()
+        for proc in psutil.process_iter():  # the group's others, reparented ones too
+            with contextlib.suppress(Exception):
+                if proc.pid != me and os.getpgid(proc.pid) == group:
+                    proc.kill()
+    os._exit(128 + signal.SIGTERM)
 
 
 def _alive(pid: int) -> bool:
