@@ -576,8 +576,55 @@ def _measure(spec: dict[str, Any], config: Any, measure: dict[str, Any], device:
                                              sorted(comm.calls_by_micro.items())},
                           "buckets_per_sync": comm.last_step_buckets,
                           "sync_each_micro": sync_each_micro}
+    _flops(spec, workload, module, dataset, device, amp_dtype, result)
+
+
+def _flops(spec: dict[str, Any], workload: Any, module: Any, dataset: Any, device: Any,
+           amp_dtype: Any, result: dict[str, Any]) -> None:
+    """FLOPs per sample for the result: the study's figure when the tuner passes one, else
+    counted here once (``count_flops``, after the windows: it never touches the measurement),
+    else the workload's own estimate."""
+    known = spec.get("flops") or {}
+    if known.get("per_sample"):
+        result["flops_per_sample"], result["flops_source"] = known["per_sample"], known["source"]
+        return
+    if spec.get("count_flops"):
+        try:
+            result["flops_per_sample"] = count_flops(workload, module, dataset, device,
+                                                     amp_dtype)
+            result["flops_source"] = COUNTED
+            return
+        except Exception as exc:  # noqa: BLE001 - the measurement stands without it
+            result["flops_count_error"] = one_line(exc)
     fps = workload.flops_per_sample() if hasattr(workload, "flops_per_sample") else None
     result["flops_per_sample"] = float(fps) if fps else None
+    result["flops_source"] = "workload.flops_per_sample" if fps else None
+
+
+COUNTED = "torch.utils.flop_counter"
+
+
+def count_flops(workload: Any, module: Any, dataset: Any, device: Any, amp_dtype: Any = None,
+                samples: int = 2) -> float:
+    """Training FLOPs per sample, forward and backward (no optimizer), as PyTorch's FLOP
+    counter sees them (matmuls, convolutions, attention), on a batch of ``samples``.
+
+    The backward is ``autograd.grad`` over the parameters: it computes what ``backward()``
+    does for the gradients without touching ``.grad`` or DDP's hooks, and, like training,
+    nothing for inputs that need no gradient."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=samples,
+                                         collate_fn=getattr(workload, "collate_fn", None))
+    batch = _to_device(next(iter(loader)), device, False)
+    params = [p for p in module.parameters() if p.requires_grad]
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(device.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            loss = workload.loss(module, batch)
+        torch.autograd.grad(loss, params, allow_unused=True)
+    return float(counter.get_total_flops()) / samples
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:

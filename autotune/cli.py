@@ -137,6 +137,9 @@ def run(
         help="Interleaved rounds of that re-measurement")] = 3,
     prune: Annotated[bool, typer.Option(
         help="Stop trials whose first windows are clearly below the best")] = True,
+    probe: Annotated[bool, typer.Option(
+        help="Read this machine's measured peaks (probing it once per fingerprint, seconds on "
+             "a CPU) for MFU and the diagnosis")] = True,
     json_: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object per event on stdout, for scripts")] = False,
     debug: Debug = False,
@@ -167,7 +170,7 @@ def run(
         trial_timeout_s=hard, nproc=nproc, global_batch=global_batch,
         measure={"max_seconds": trial_seconds, "min_window_s": window_seconds},
         patience=patience or None, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
-        prune=prune)
+        prune=prune, probe=probe)
     _sigterm_as_interrupt()
     summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter())
     if summary.best is None:
@@ -176,6 +179,41 @@ def run(
         raise AutotuneError(f"no configuration was measured successfully ({counts or 'no trials'})"
                             f"; read the trial logs under {summary.out_dir / 'trials'}, or give "
                             "more time (--timeout, --trial-seconds) or memory (--memory-limit)")
+
+
+@app.command("probe")
+@guarded
+def probe_command(
+    json_: Annotated[bool, typer.Option(
+        "--json", help="Print the whole probe as one JSON document (fields: see README)")
+    ] = False,
+    refresh: Annotated[bool, typer.Option(
+        help="Measure again instead of showing the cached probe")] = False,
+    allreduce: Annotated[bool, typer.Option(
+        help="Measure all-reduce bus bandwidth across the GPUs (several GPUs only)")] = True,
+    debug: Debug = False,
+) -> None:
+    """Check this machine's data paths: GPUs, links and topology (NVML), measured copy and
+    memory bandwidth, matmul/GEMM peaks and all-reduce, each against its theoretical peak."""
+    import json
+
+    from autotune.hardware import detect
+    from autotune.probe import cache_path, cached, probe, render
+
+    hw = detect()
+    fresh = refresh or cached(hw) is None
+    if fresh and not json_:
+        typer.echo(f"probing {hw.describe()} (about 10 s on a CPU, a minute with GPUs)", err=True)
+    doc = probe(hw, refresh=refresh, allreduce=allreduce,
+                on_step=None if json_ else (lambda line: typer.echo(f"  {line}", err=True)))
+    if json_:
+        typer.echo(json.dumps(doc, indent=1))
+        return
+    for line in render(doc):
+        typer.echo(line)
+    when = "measured now" if fresh else \
+        f"measurements cached from {doc.get('created')} (--refresh measures again)"
+    typer.echo(f"probe   {when}: {cache_path(hw)}")
 
 
 @app.command("list")

@@ -131,7 +131,8 @@ class ConsoleReporter:
             tag += " new best"
         if view.status == "ok":
             what = (f"{_rate(view.samples_per_sec, view.spread_cv)}, "
-                    f"peak {format_bytes(view.peak_memory_bytes)}")
+                    f"peak {format_bytes(view.peak_memory_bytes)}"
+                    + (f", MFU {100 * view.mfu:.0f}%" if view.mfu is not None else ""))
             if view.reused_from is not None:
                 what += f" (same config as trial #{view.reused_from}: not re-run)"
         elif view.predicted:
@@ -157,6 +158,9 @@ class ConsoleReporter:
             else f"{measurement.status}: {measurement.reason}"
         self._print(f"  round {round_index + 1}/{rounds} #{candidate.number:<3} "
                     f"{candidate.config.describe():<44} {what}{tag}")
+
+    def note(self, line: str) -> None:
+        self._print(f"  {line}")
 
     def _print(self, line: str) -> None:
         if self.progress is not None:
@@ -187,7 +191,7 @@ class ConsoleReporter:
         multi = summary.best.config.world_size > 1
         cols = ["", "config", "samples/s", "spread", "peak memory", "data wait"]
         cols += ["comm wait"] if multi else []
-        for col in (*cols, "compute"):
+        for col in (*cols, "compute", "MFU"):
             table.add_column(col)
         rows = [("baseline", summary.baseline), ("best", summary.best)]
         for name, view in rows:
@@ -199,8 +203,13 @@ class ConsoleReporter:
             table.add_row(name, view.config.describe(), f"{view.samples_per_sec:,.2f}",
                           "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
                           format_bytes(view.peak_memory_bytes),
-                          *(f"{b.get(k, 0) * 100:.0f}%" for k in shares))
+                          *(f"{b.get(k, 0) * 100:.0f}%" for k in shares),
+                          "-" if view.mfu is None else f"{100 * view.mfu:.1f}%")
         p(table)
+        if summary.diagnosis:
+            p("what limits the winner:")
+            for finding in summary.diagnosis:
+                p(f"  {finding['text']}")
         conf = summary.confirmation
         if conf is not None:
             d = conf["decision"]
@@ -300,6 +309,9 @@ class JsonReporter:
                    status=measurement.status, samples_per_sec=measurement.samples_per_sec,
                    peak_memory_bytes=measurement.peak_memory_bytes)
 
+    def note(self, line: str) -> None:
+        self._emit("note", text=line)
+
     def finished(self, summary: RunSummary) -> None:
         self._emit("finished", study=summary.study_name, storage=summary.storage,
                    stop_reason=summary.stop_reason, interrupted=summary.interrupted,
@@ -308,7 +320,7 @@ class JsonReporter:
                    best=_view_fields(summary.best) if summary.best else None,
                    baseline=_view_fields(summary.baseline) if summary.baseline else None,
                    speedup=summary.speedup, confirmed=summary.confirmation is not None,
-                   not_confirmed_because=summary.confirm_skipped)
+                   not_confirmed_because=summary.confirm_skipped, diagnosis=summary.diagnosis)
 
 
 def _view_fields(view: TrialView) -> dict[str, Any]:
@@ -316,4 +328,5 @@ def _view_fields(view: TrialView) -> dict[str, Any]:
             "reason": view.reason, "samples_per_sec": view.samples_per_sec,
             "spread_cv": view.spread_cv, "peak_memory_bytes": view.peak_memory_bytes,
             "breakdown": view.breakdown, "baseline": view.is_baseline,
-            "reused_from": view.reused_from, "predicted": view.predicted, "stage": view.stage}
+            "reused_from": view.reused_from, "predicted": view.predicted, "stage": view.stage,
+            "mfu": view.mfu, "tflops": view.tflops}

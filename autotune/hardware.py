@@ -13,6 +13,7 @@ import os
 import platform
 import socket
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -22,10 +23,15 @@ import autotune
 
 @dataclass(frozen=True)
 class GPU:
-    index: int
+    index: int  # NVML's index (the physical order, not CUDA_VISIBLE_DEVICES')
     name: str
     memory_total_bytes: int
     compute_capability: tuple[int, int]
+    # The fastest PCIe link this GPU can train in this slot (a GPU idles at a lower generation,
+    # so the current link is read under load, by the probe), and its active NVLink links.
+    pcie_max_gen: int | None = None
+    pcie_max_width: int | None = None
+    nvlink_links: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,11 @@ class Hardware:
             "device": self.device,
             "gpus": [
                 {"name": g.name, "memory_total_bytes": g.memory_total_bytes,
-                 "compute_capability": list(g.compute_capability)}
+                 "compute_capability": list(g.compute_capability),
+                 # The interconnect: a Gen4 x8 slot or missing NVLink changes every number.
+                 **({"pcie_max": f"Gen{g.pcie_max_gen} x{g.pcie_max_width}"}
+                    if g.pcie_max_gen else {}),
+                 **({"nvlink_links": g.nvlink_links} if g.nvlink_links is not None else {})}
                 for g in self.gpus
             ],
             "gpu_count": len(self.gpus),
@@ -107,22 +117,55 @@ class Hardware:
 
 
 def _cpu_info() -> tuple[str, bool]:
-    model, flags = platform.processor() or platform.machine(), ""
+    model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                if key.strip() == "model name":
                     model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = value
+                    break
     except OSError:
         pass
-    words = set(flags.split())
     # x86: avx512_bf16 or AMX; Arm: the bf16 feature flag.
-    bf16 = bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
+    bf16 = bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
     return model or "unknown", bf16
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``avx512f``, ``amx_bf16``, ...), empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_max_mhz() -> float | None:
+    """The CPU's top clock: cpufreq's maximum, else what /proc/cpuinfo reports (a VM's nominal)."""
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e3
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "cpu MHz":
+                    return float(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def numa_nodes() -> int:
+    """NUMA nodes with CPUs or memory (1 where the kernel does not say)."""
+    nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return len(nodes) or 1
 
 
 def _cpu_cores() -> int:
@@ -146,31 +189,78 @@ def _visible_indices(count: int) -> list[int]:
     return picked
 
 
+FAKE_NVML_ENV = "AUTOTUNE_FAKE_NVML"
+
+
+def nvml() -> Any:
+    """The NVML binding: ``pynvml`` (from nvidia-ml-py), or the fake NVML of
+    ``autotune.testing`` when ``AUTOTUNE_FAKE_NVML`` names a machine file (tests only).
+    Raises ImportError when nvidia-ml-py is missing."""
+    path = os.environ.get(FAKE_NVML_ENV)
+    if path:
+        from autotune.testing.nvml import FakeNVML
+
+        return FakeNVML.from_file(path)
+    import pynvml
+
+    return pynvml
+
+
+def text(value: Any) -> str:
+    """NVML returns bytes from older bindings and str from newer ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_call(func: Any, *args: Any) -> Any:
+    """One NVML query, or None where this GPU or driver does not support it."""
+    try:
+        return func(*args)
+    except Exception:  # NVMLError_NotSupported, NoPermission, FunctionNotFound, ...
+        return None
+
+
+def nvlink_links(nv: Any, handle: Any) -> int | None:
+    """Active NVLink links of one GPU; None where NVML has no NVLink (PCIe-only parts)."""
+    active, supported = 0, False
+    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        state = nvml_call(nv.nvmlDeviceGetNvLinkState, handle, link)
+        if state is None:
+            continue
+        supported = True
+        active += int(state == 1)
+    return active if supported else None
+
+
 def _nvml_gpus() -> tuple[list[GPU], str | None, str | None]:
     """GPUs through NVML; ([], None, reason) when there is no usable NVIDIA driver."""
     try:
-        import pynvml
+        nv = nvml()
     except ImportError:
         return [], None, "nvidia-ml-py is not installed"
     try:
-        pynvml.nvmlInit()
+        nv.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return [], None, f"no NVIDIA driver ({exc.__class__.__name__})"
     try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
+        driver = text(nv.nvmlSystemGetDriverVersion())
         gpus = []
-        for i in _visible_indices(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            name = name.decode() if isinstance(name, bytes) else name
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
-            gpus.append(GPU(index=i, name=name, memory_total_bytes=int(mem),
-                            compute_capability=(int(cc[0]), int(cc[1]))))
+        for i in _visible_indices(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = nv.nvmlDeviceGetMemoryInfo(handle).total
+            cc = tuple(nv.nvmlDeviceGetCudaComputeCapability(handle))
+            gen = nvml_call(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+            width = nvml_call(nv.nvmlDeviceGetMaxPcieLinkWidth, handle)
+            gpus.append(GPU(index=i, name=text(nv.nvmlDeviceGetName(handle)),
+                            memory_total_bytes=int(mem),
+                            compute_capability=(int(cc[0]), int(cc[1])),
+                            pcie_max_gen=int(gen) if gen else None,
+                            pcie_max_width=int(width) if width else None,
+                            nvlink_links=nvlink_links(nv, handle)))
         return gpus, driver, None
+    except Exception as exc:  # a GPU lost mid-read: the run goes on the CPU and says why
+        return [], None, f"NVML failed while reading the GPUs ({type(exc).__name__}: {exc})"
     finally:
-        pynvml.nvmlShutdown()
+        nv.nvmlShutdown()
 
 
 def detect() -> Hardware:

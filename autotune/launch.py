@@ -27,6 +27,7 @@ import psutil
 
 from autotune.knobs import Config, env_for
 from autotune.measurement import RawResult, first_failure
+from autotune.monitor import GpuMonitor, measured_span, summarize
 
 STDERR_TAIL_BYTES = 8000
 TRIAL_TOKEN = "AUTOTUNE_TRIAL"
@@ -50,15 +51,19 @@ class TrialPlan:
 def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: Path,
          timeout_s: float, measure: Mapping[str, Any] | None = None,
          memory_limit_bytes: int | None = None, address_space_bytes: int | None = None,
-         python: str = sys.executable, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
+         python: str = sys.executable, extra_env: Mapping[str, str] | None = None,
+         flops: Mapping[str, Any] | None = None, count_flops: bool = False) -> TrialPlan:
     """The trial launch as data: argv, environment and files. Starts nothing.
 
-    ``config.world_size`` > 1 starts that many ranks through torchrun on this machine."""
+    ``config.world_size`` > 1 starts that many ranks through torchrun on this machine.
+    ``flops`` is the study's FLOPs-per-sample figure; without one, ``count_flops`` asks the
+    trial to count it."""
     # The trial applies the address-space limit and its tie to the tuner itself, first thing
     # in bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
     spec = {"workload": dict(workload), "config": config.to_dict(), "device": device,
             "measure": dict(measure or {}), "memory_limit_bytes": memory_limit_bytes,
-            "address_space_bytes": address_space_bytes}
+            "address_space_bytes": address_space_bytes, "flops": dict(flops or {}),
+            "count_flops": count_flops}
     env = {
         # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
         **env_for(config),
@@ -134,12 +139,14 @@ def _read_windows(path: str) -> list[dict[str, Any]]:
             for e in _read_events(path) if e.get("event") == "window"]
 
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
-            poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None) -> RawResult:
+            poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None,
+            monitor: GpuMonitor | None = None) -> RawResult:
     """Run a planned trial to its end, its timeout or its memory limit; returns what was seen.
 
     ``should_stop`` is asked after the trial's progress events are forwarded; a reason it returns
     ends the trial (pruning) and comes back as ``stopped``. KeyboardInterrupt kills the trial's
-    process group and comes back as ``interrupted``.
+    process group and comes back as ``interrupted``. A ``monitor`` samples the GPUs while the
+    trial runs; its summary over the timed windows comes back as ``gpu``.
     """
     Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
     Path(p.spec_path).write_text(json.dumps(p.spec))
@@ -154,6 +161,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     stopped: str | None = None
     peak = 0
     seen = 0
+    if monitor is not None:
+        monitor.start()
     with open(p.stderr_path, "wb") as err:
         proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 start_new_session=True)
@@ -185,6 +194,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
             # by an unrelated process that the group match would then kill.
             survivors = _reap_stragglers(p.env.get(TRIAL_TOKEN), proc.pid)
             proc.wait()
+            samples = monitor.stop() if monitor is not None else []
     if on_event is not None:
         _forward_events(p.progress_path, seen, on_event)
     result = None
@@ -211,7 +221,42 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         interrupted=interrupted, timeout_s=p.timeout_s,
         partial_windows=_read_windows(p.progress_path) if timed_out or stopped else [],
         stopped=stopped,
+        gpu=summarize(samples, measured_span(_read_events(p.progress_path))) if samples else {},
     )
+
+
+def run_tool(args: list[str], out_path: Path, timeout_s: float,
+             env: Mapping[str, str] | None = None,
+             nproc: int = 1) -> tuple[dict[str, Any] | None, str]:
+    """``python -m ARGS... OUT`` (through torchrun with ``nproc`` > 1) in a session of its own,
+    killed as a group at ``timeout_s``: the probe's measurements. Returns (the JSON it wrote,
+    "") or (None, why not)."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                "--max-restarts=0"] if nproc > 1 else []
+    argv = [sys.executable, *launcher, "-m", *args, str(out_path)]
+    full = {**os.environ, **dict(env or {})}
+    package_root = str(Path(__file__).resolve().parent.parent)
+    full["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, full.get("PYTHONPATH")) if x)
+    out_path.unlink(missing_ok=True)
+    proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.communicate()
+        return None, f"killed at its {timeout_s:.0f}s timeout"
+    except BaseException:
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        _kill_group(proc.pid)
+    try:
+        return json.loads(out_path.read_text()), ""
+    except (OSError, json.JSONDecodeError):
+        tail = [ln for ln in output.decode(errors="replace").splitlines() if ln.strip()]
+        return None, f"exit code {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"
 
 
 def _rank_files(result_path: str) -> list[str]:

@@ -85,6 +85,7 @@ class RawResult:
     timeout_s: float = 0.0
     partial_windows: list[dict[str, Any]] = field(default_factory=list)
     stopped: str | None = None  # the tuner ended it early (pruning), with this reason
+    gpu: dict[str, Any] = field(default_factory=dict)  # NVML samples' summary (monitor.py)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,14 @@ class Measurement:
     # DDP arguments that were applied.
     ranks: list[dict[str, Any]] = field(default_factory=list)
     ddp: dict[str, Any] = field(default_factory=dict)
+    # The GPUs as NVML saw them during the timed windows (monitor.summarize); empty on CPU.
+    gpu: dict[str, Any] = field(default_factory=dict)
+    # Efficiency, set by the tuner from the study's FLOPs per sample and the probe's peak:
+    # FLOPs per sample and where the figure came from, and achieved / peak FLOP/s.
+    flops_per_sample: float | None = None
+    flops_source: str | None = None
+    mfu: float | None = None
+    peak_tflops: float | None = None
 
     @property
     def is_result(self) -> bool:
@@ -273,7 +282,7 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     # on CUDA the device figure reported by the trial is the one the limit is about.
     peak = reported_peak if device == "cuda" else max(reported_peak, raw.tree_peak_bytes)
     common: dict[str, Any] = dict(peak_memory_bytes=peak, wall_s=raw.wall_s,
-                                  stderr_tail=raw.stderr_tail)
+                                  stderr_tail=raw.stderr_tail, gpu=dict(raw.gpu))
 
     if raw.interrupted:
         return Measurement("error", "interrupted by the user", ended_by=INTERRUPTED, **common)
@@ -331,7 +340,9 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
             breakdown=shares, step_time_s=doc.get("step_time_s"),
             warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
             tflops=(med * fps / 1e12) if isinstance(fps, int | float) and fps > 0 else None,
-            ranks=doc.get("ranks") or [], ddp=doc.get("ddp") or {}, **common,
+            flops_per_sample=float(fps) if isinstance(fps, int | float) and fps > 0 else None,
+            flops_source=doc.get("flops_source"), ranks=doc.get("ranks") or [],
+            ddp=doc.get("ddp") or {}, **common,
         )
     if _OOM_PATTERNS.search(raw.stderr_tail):
         return Measurement("oom", _last_line(_oom_lines(raw.stderr_tail)), **common)

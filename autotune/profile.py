@@ -65,6 +65,9 @@ class Profile:
     schema: str = SCHEMA
     # The interleaved re-measurement that chose the winner (absent when there was none).
     confirmation: dict[str, Any] | None = None
+    # The machine's probe in a few numbers (peaks, links, flags), and what limits this config.
+    probe: dict[str, Any] | None = None
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)
 
     # -- what was tuned -------------------------------------------------------------------------
 
@@ -223,6 +226,11 @@ class Profile:
             speedup = f"; speedup {self.speedup:g}x" if self.speedup else ""
             lines.append(f"baseline   {base.describe()}: {self.baseline['samples_per_sec']:,.2f} "
                          f"samples/s{speedup}")
+        if r.get("mfu") is not None:
+            lines.append(f"MFU        {100 * r['mfu']:.1f}%: {r['tflops']:g} TFLOP/s achieved, "
+                         f"measured peak {r['peak_tflops']:g} TFLOP/s per device; "
+                         f"{r['flops_per_sample']:.3g} FLOPs/sample ({r.get('flops_source')})")
+        lines += [f"limit      {d.get('text')}" for d in self.diagnosis]
         lines.append("env        " + (" ".join(f"{k}={v}" for k, v in self.env.items())
                                       or "(none)"))
         lines.append(f"tuned on   {where}, torch {fp.get('torch_version')}, "
@@ -242,6 +250,8 @@ class Profile:
             "fingerprint": self.fingerprint,
             "provenance": self.provenance,
             "notes": list(self.notes),
+            **({"diagnosis": list(self.diagnosis)} if self.diagnosis else {}),
+            **({"probe": self.probe} if self.probe else {}),
             **({"confirmation": self.confirmation} if self.confirmation else {}),
         }
 
@@ -312,7 +322,9 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
                    result=data["result"], baseline=data["baseline"], speedup=speedup,
                    fingerprint=data["fingerprint"], provenance=data["provenance"],
                    notes=list(data.get("notes") or []),
-                   confirmation=data.get("confirmation") or None)
+                   confirmation=data.get("confirmation") or None,
+                   probe=data.get("probe") if isinstance(data.get("probe"), dict) else None,
+                   diagnosis=[d for d in data.get("diagnosis") or [] if isinstance(d, dict)])
 
 
 def load_profile(path: str | Path | None = None, check_fingerprint: bool = True) -> Profile:

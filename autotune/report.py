@@ -3,7 +3,8 @@
 Panels answer what a user asks of a study: how the search went (history), where the memory wall
 is (throughput and peak memory against micro-batch size), which knob mattered (PED-ANOVA
 importances, parallel coordinates), why the winner wins (where step time goes), what ran when
-(timeline) and what to take (top configs). Built from the study alone, so it can be drawn again
+(timeline), how close to the hardware it gets and what held the GPUs back (MFU, SM
+utilisation) and what to take (top configs). Built from the study alone, so it can be drawn again
 at any time, from any machine that reaches the storage.
 """
 
@@ -36,6 +37,7 @@ PANELS = (
     "Parameter importance (PED-ANOVA)",
     "Parallel coordinates",
     "Where step time goes",
+    "MFU and GPU utilisation",
     "Trial timeline",
     "Top configs",
 )
@@ -52,8 +54,8 @@ def panels(study: optuna.Study) -> list[tuple[str, Any]]:
     views = [view(t) for t in trials]
     limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
     figures = [_history(views), _rate_by_micro(views, limit), _memory_by_micro(views, limit),
-               _importance(study), _parallel(views), _breakdown(views), _timeline(trials),
-               _top_table(views, limit)]
+               _importance(study), _parallel(views), _breakdown(views), _efficiency(views),
+               _timeline(trials), _top_table(views, limit)]
     for title, fig in zip(PANELS, figures, strict=True):
         # Parallel coordinates put their axis labels above the plot: give them room.
         top = 60 if title == "Parallel coordinates" else 20
@@ -214,6 +216,18 @@ def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialVie
                             f"{c['median']:,.2f}" for c in conf["candidates"] if c["median"])
         rows.append(("confirmed", f"{conf['rounds']} interleaved rounds, medians {medians}; "
                                   f"winner #{d.get('winner_trial')} by {d.get('decided_by')}"))
+    if best is not None and view(best).mfu is not None:
+        m = best.user_attrs["measurement"]
+        rows.append(("MFU", f"{100 * (m.get('mfu') or 0):.1f}% of the measured peak "
+                            f"({m.get('peak_tflops'):g} TFLOP/s per device; "
+                            f"{m.get('flops_per_sample'):.3g} FLOPs/sample)"))
+    probe = study.user_attrs.get("probe")
+    if probe:
+        peaks = ", ".join(f"{k} {v:g}" for k, v in (probe.get("peak_tflops") or {}).items())
+        rows.append(("probe", f"peak TFLOP/s {peaks or 'unknown'}"
+                              + "".join(f"; {f}" for f in probe.get("flags", []))))
+    for finding in study.user_attrs.get("diagnosis") or []:
+        rows.append(("limits the winner", str(finding.get("text"))))
     counts = Counter("ruled out" if v.predicted else v.status for v in views)
     rows.append(("trials", ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
     cells = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>"
@@ -366,6 +380,21 @@ def _breakdown(views: list[TrialView]) -> Any:
     return fig
 
 
+def _efficiency(views: list[TrialView]) -> Any:
+    """MFU per trial and, when the GPUs were watched, their mean GPU utilisation."""
+    go = _go()
+    ok = [v for v in views if v.status == "ok" and v.reused_from is None]
+    labels = [f"#{v.number} {v.config.describe()}" for v in ok]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=[None if v.mfu is None else 100 * v.mfu for v in ok],
+                name="MFU (% of measured peak)", marker_color="#1f77b4")
+    if any(v.gpu_util is not None for v in ok):
+        fig.add_scatter(x=labels, y=[v.gpu_util for v in ok], mode="markers+lines",
+                        name="GPU utilisation (% mean, NVML)", marker_color="#d62728")
+    fig.update_yaxes(title="%", rangemode="tozero")
+    return fig
+
+
 def _timeline(trials: list[FrozenTrial]) -> Any:
     go = _go()
     fig = go.Figure()
@@ -392,8 +421,9 @@ def _top_table(views: list[TrialView], limit: int) -> Any:
             [f"{v.samples_per_sec:,.2f}" for v in top],
             ["-" if v.spread_cv is None else f"{100 * v.spread_cv:.1f}%" for v in top],
             [format_bytes(v.peak_memory_bytes) for v in top],
-            [f"{100 * v.breakdown.get('data_wait', 0.0):.0f}%" for v in top]]
+            [f"{100 * v.breakdown.get('data_wait', 0.0):.0f}%" for v in top],
+            ["-" if v.mfu is None else f"{100 * v.mfu:.1f}%" for v in top]]
     return go.Figure(go.Table(
         header={"values": ["trial", "config", "samples/sec", "spread", "peak memory",
-                           "data wait"]},
+                           "data wait", "MFU"]},
         cells={"values": cols}))

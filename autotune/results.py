@@ -10,7 +10,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.diagnosis import diagnose, mfu
 from autotune.knobs import Config, env_for
+from autotune.probe import peak_for
 from autotune.profile import Profile
 from autotune.search import Observation
 
@@ -34,6 +36,8 @@ class TrialView:
     tflops: float | None = None
     predicted: bool = False  # skipped on the memory model's word: nothing ran
     stage: str | None = None  # why the search proposed it, when it was not the sampler
+    mfu: float | None = None  # achieved FLOP/s over the probe's measured peak
+    gpu_util: float | None = None  # mean GPU utilisation over the timed windows (GPUs, NVML)
 
 
 def view(t: FrozenTrial) -> TrialView:
@@ -46,7 +50,8 @@ def view(t: FrozenTrial) -> TrialView:
         breakdown=m.get("breakdown") or {}, is_baseline=bool(a.get("baseline")),
         wall_s=float(m.get("wall_s", 0.0)), overhead_share=a.get("overhead_share"),
         reused_from=a.get("reused_from"), tflops=m.get("tflops"),
-        predicted=bool(a.get("predicted")), stage=a.get("stage"))
+        predicted=bool(a.get("predicted")), stage=a.get("stage"), mfu=m.get("mfu"),
+        gpu_util=(m.get("gpu") or {}).get("gpu_util_mean"))
 
 
 def recorded(study: optuna.Study) -> list[FrozenTrial]:
@@ -183,9 +188,19 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                      f"(--global-batch): {config.micro_batch_size} per micro-batch x "
                      f"{config.grad_accum_steps} accumulation step(s) x {config.world_size} "
                      "rank(s); the training semantics are unchanged")
+    device = study.user_attrs["fingerprint"].get("device", "cpu")
+    probe = study.user_attrs.get("probe")
+    _efficiency(result, config, m, device, probe)
+    if baseline is not None:
+        _efficiency(base_block, Config.from_dict(baseline.user_attrs["config"]),
+                    baseline.user_attrs["measurement"], device, probe)
+    findings = diagnose({**m, "mfu": result.get("mfu"), "peak_tflops": result.get("peak_tflops")},
+                        config, device=device, limit=limit, probe=probe,
+                        larger_over_limit=larger_over_limit(trials, config, limit))
     return Profile(
         workload=dict(study.user_attrs["workload"]),
         config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,
+        probe=probe, diagnosis=[f.to_dict() for f in findings],
         fingerprint=study.user_attrs["fingerprint"],
         provenance={"study": study.study_name, "storage": storage,
                     "trials": len(measured(trials)), "global_batch": global_batch,
@@ -193,6 +208,41 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},
         notes=notes, confirmation=confirmation)
+
+
+def _efficiency(block: dict[str, Any], config: Config, m: dict[str, Any], device: str,
+                probe: dict[str, Any] | None) -> None:
+    """FLOPs per sample, achieved TFLOP/s and MFU of a profile's result or baseline block, at
+    its (possibly confirmed) samples/s."""
+    fps, rate = m.get("flops_per_sample"), block.get("samples_per_sec")
+    peak = peak_for(probe, config.amp, device)
+    share = mfu(rate, fps, peak, config.world_size, device)
+    block.update(flops_per_sample=fps, flops_source=m.get("flops_source"),
+                 tflops=round(rate * fps / 1e12, 4) if rate and fps else None,
+                 mfu=None if share is None else round(share, 4), peak_tflops=peak)
+
+
+def larger_over_limit(trials: list[FrozenTrial], config: Config,
+                      limit: int) -> tuple[int, int] | None:
+    """(trial, micro-batch) of the smallest micro-batch above ``config``'s, same otherwise in
+    precision and ranks, that ran out of memory, passed the limit or was ruled out for it."""
+    found = []
+    for t in trials:
+        a = t.user_attrs
+        c = Config.from_dict(a["config"])
+        if c.amp != config.amp or c.world_size != config.world_size \
+                or c.micro_batch_size <= config.micro_batch_size:
+            continue
+        m = a.get("measurement") or {}
+        # The memory model rules configs out for predicted memory only.
+        over = a.get("status") == "oom" or int(m.get("peak_memory_bytes") or 0) > limit \
+            or bool(a.get("predicted"))
+        if over:
+            found.append((c.micro_batch_size, a.get("reused_from", t.number)))
+    if not found:
+        return None
+    micro, number = min(found)
+    return number, micro
 
 
 def _round(value: float | None) -> float | None:

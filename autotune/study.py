@@ -24,6 +24,8 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import launch
+from autotune.bench import COUNTED
+from autotune.diagnosis import with_efficiency
 from autotune.errors import AutotuneError, StorageError, UsageError, one_line
 from autotune.hardware import (
     Hardware,
@@ -44,6 +46,7 @@ from autotune.measurement import (
     Measurement,
     classify,
 )
+from autotune.monitor import GpuMonitor
 from autotune.profile import Profile, fingerprint_diff
 from autotune.results import (
     TrialView,
@@ -109,6 +112,7 @@ class RunOptions:
     prune: bool = True  # stop trials whose first windows are clearly below the best
     address_space_bytes: int | None = None  # RLIMIT_AS for trial processes (tests)
     hardware: Hardware | None = None  # detected when None
+    probe: bool = True  # read the machine's peaks (probing it once) for MFU and the diagnosis
 
 
 @dataclass
@@ -141,6 +145,7 @@ class RunSummary:
     confirmed_speedup: float | None = None  # winner / baseline, measured side by side
     confirm_skipped: str | None = None  # why this run did not confirm, when it did not
     dashboard: str = ""  # its path, or why it was not written
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)  # what limits the winner
 
     @property
     def speedup(self) -> float | None:
@@ -159,6 +164,7 @@ class Reporter(Protocol):
     def trial_finished(self, view: TrialView, best: TrialView | None) -> None: ...
     def confirming(self, round_index: int, rounds: int, candidate: Candidate,
                    measurement: Measurement) -> None: ...
+    def note(self, line: str) -> None: ...
     def finished(self, summary: RunSummary) -> None: ...
 
 
@@ -279,6 +285,7 @@ class Runner:
         self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
         _check_writable(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
+        self.probe: dict[str, Any] | None = None  # the probe's summary, once run() read it
         self.storage = open_storage(self.storage_url)
         self.study = self._open_study()
 
@@ -419,6 +426,7 @@ class Runner:
             self.study_name, redact(self.storage_url), self.hw, self.space, self.limit,
             self.budget_text(), done_before, self.out_dir, self.opts.trials, self.opts.timeout_s))
         deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
+        self._probe_machine()
         interrupted, stop_reason, twins_in_a_row = False, "", 0
         while True:
             trials = recorded(self.study)
@@ -462,6 +470,28 @@ class Runner:
             raise Interrupted(f"interrupted; study {self.study_name} is saved in "
                               f"{redact(self.storage_url)}: run the same command to resume")
         return summary
+
+    def _probe_machine(self) -> None:
+        """The machine's measured peaks, for MFU and the diagnosis: the cached probe, else a
+        probe now (seconds on a CPU; it counts against --timeout). A failed probe costs the
+        run nothing but its MFU figures."""
+        if not self.opts.probe:
+            return
+        from autotune.probe import cached, probe, summary
+
+        if cached(self.hw) is None:
+            self.reporter.note("probing this machine once (peaks for MFU; cached per "
+                               "fingerprint; `autotune probe` shows it)")
+        try:
+            doc = probe(self.hw, workdir=self.out_dir)
+        except Exception as exc:  # noqa: BLE001 - the study does not need it to run
+            self.reporter.note(f"probe failed ({one_line(exc)}); no MFU in this run")
+            return
+        self.probe = summary(doc, self.hw.device)
+        peaks = ", ".join(f"{k} {v:g}" for k, v in self.probe["peak_tflops"].items())
+        self.reporter.note(f"probe ({doc.get('created')}): peak TFLOP/s {peaks or 'unknown'}"
+                           + "".join(f"; {f}" for f in self.probe["flags"]))
+        self.study.set_user_attr("probe", self.probe)
 
     def _stage(self, trials: list[FrozenTrial]) -> bool:
         """Queue the staged search's next config unless a trial is already waiting; returns
@@ -624,15 +654,24 @@ class Runner:
             if report:
                 self.reporter.trial_event(event)
 
+        flops = self.study.user_attrs.get("flops")
         p = launch.plan(
             workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
             config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
             measure=measure, memory_limit_bytes=self.limit,
-            address_space_bytes=self.opts.address_space_bytes)
-        return classify(launch.execute(
+            address_space_bytes=self.opts.address_space_bytes, flops=flops,
+            count_flops=flops is None)
+        monitor = GpuMonitor([g.index for g in self.hw.gpus[:config.world_size]]) \
+            if self.hw.device == "cuda" else None
+        m = classify(launch.execute(
             p, on_event=on_event,
             should_stop=(lambda: prune_reason(rates, prune_below_best))
-            if prune_below_best else None), self.hw.device)
+            if prune_below_best else None, monitor=monitor), self.hw.device)
+        if flops is None and m.flops_source == COUNTED:
+            # Counted once per study; every later trial is measured against the same figure.
+            self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,
+                                               "source": COUNTED})
+        return with_efficiency(m, config, self.hw.device, self.probe)
 
     def _record(self, trial: optuna.Trial, config: Config, m: Measurement) -> None:
         data = m.to_dict()
@@ -778,6 +817,8 @@ class Runner:
                                 redact(self.storage_url), self.opts.global_batch,
                                 confirmed(self.study, trials))
         profile.save(self.out_dir / "profile.yaml")
+        if self.study.user_attrs.get("diagnosis") != profile.diagnosis:
+            self.study.set_user_attr("diagnosis", profile.diagnosis)  # for the dashboard
         return profile
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
@@ -795,7 +836,8 @@ class Runner:
                           view(best) if best else None, view(base) if base else None,
                           [view(t) for t in trials], wall_s, interrupted, stop_reason,
                           confirmation=conf, confirmed_speedup=speedup,
-                          confirm_skipped=self.confirm_skipped, dashboard=self._dashboard())
+                          confirm_skipped=self.confirm_skipped, dashboard=self._dashboard(),
+                          diagnosis=list(profile.diagnosis) if profile else [])
 
     def _dashboard(self) -> str:
         """Draw studies/<study>/dashboard.html again; failing to draw never fails the run."""

@@ -219,6 +219,7 @@ class _Quiet:
     def trial_event(self, event: Any) -> None: ...
     def trial_finished(self, view: Any, best: Any) -> None: ...
     def confirming(self, *args: Any) -> None: ...
+    def note(self, line: str) -> None: ...
     def finished(self, summary: Any) -> None: ...
 
 
@@ -249,7 +250,7 @@ def run_autotune(table: Table, seed: int, tmp: Path) -> list[tuple[tuple[Any, ..
     opts = RunOptions(model=doc["spec"], params=dict(doc["params"]), space=str(space),
                       storage=f"sqlite:///{tmp}/s{seed}.db", trials=BUDGET, seed=seed,
                       memory_limit=f"{table.limit}B", studies_dir=tmp, out_dir=tmp / f"o{seed}",
-                      confirm_top=0, hardware=fake_cpu(cores=2, bf16=True))
+                      confirm_top=0, hardware=fake_cpu(cores=2, bf16=True), probe=False)
     _ReplayRunner(opts, table, random.Random(seed), log).run()
     return log
 

@@ -2,12 +2,13 @@
 # One GPU check, run on a lent GPU machine from the repository root (see the device notes in
 # ../shared/GPU.md). Sections, each skippable so a short device lease goes where it is needed:
 #   tests   (GPU_TESTS=0 skips)  the gpu tests, NCCL facts, and what NCCL says to 2 ranks on 1 GPU
+#   probe                        `autotune probe` on real NVML: links, copies, peaks, flags
 #   study                        a short real BERT study: AMP, a 24 GiB limit that puts a wall in
 #                                the space, the baseline (and the confirmation, if it fits)
 #   profile (GPU_PROFILE=0 skips) the plain-PyTorch example trains with the exported profile
 #                                (reproduction ratio) and `autotune profile check` re-measures it
 # Outputs under $OUT, few files (the device returns a limited number): summary.txt (every short
-# result), gpu-tests.log, run.log, trials.json, profile.yaml.
+# result), gpu-tests.log, probe.txt, probe.json, run.log, trials.json, profile.yaml.
 set -uo pipefail
 ROOT="$PWD"
 OUT="${OUT:-gpu-out}"
@@ -40,6 +41,11 @@ dist.destroy_process_group()
 PY
   timeout 60 torchrun --standalone --nproc-per-node 2 "$two" 2>&1 | grep -m1 "Duplicate GPU\|rank 0" >> "$S"
 fi
+
+# The probe on real NVML and GPUs (the tests only meet a fake NVML): kept whole, as JSON.
+AUTOTUNE_CACHE_DIR="$OUT/cache" timeout 300 python3 -m autotune probe --refresh > "$OUT/probe.txt" 2>&1
+echo "probe rc=$?" >> "$S"
+mv "$OUT"/cache/probe-*.json "$OUT/probe.json" 2>/dev/null; rm -rf "$OUT/cache"
 
 mkdir -p "$OUT/run" && cd "$OUT/run" || exit 1
 timeout 420 python3 -m autotune run --model bert --timeout "$STUDY_TIMEOUT" --memory-limit 24GiB \

@@ -3,11 +3,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# One probe cache for the session: the first study probes this machine, the others read it, and
+# nothing is written under the user's home.
+os.environ.setdefault("AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="autotune-test-cache-"))
 # Short windows keep a tiny-workload trial around two seconds, most of it process start-up.
 # No confirmation unless a test asks for it: it re-measures the top configs several times.
 FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s",
@@ -47,7 +51,7 @@ def tuned_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = tmp_path_factory.mktemp("tuned-mlp")
     out = autotune("run", "--model", "mlp", "--trials", "3", "--trial-seconds", "6",
                    "--window-seconds", "0.5", "--trial-timeout", "60s", "--confirm-top", "1",
-                   "--confirm-rounds", "3", cwd=cwd)
+                   "--confirm-rounds", "2", cwd=cwd)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (path,) = cwd.glob("studies/*/profile.yaml")
     return path

@@ -62,3 +62,41 @@ def test_two_ranks_on_nccl_with_the_nccl_knobs(tmp_path: Path) -> None:
     for rank in m.ranks:
         assert sorted(rank["comm"]["calls_by_micro"]) == ["1"]
     assert 0 <= m.breakdown["comm_wait"] < 1
+
+
+def test_the_probe_measures_the_gpus(tmp_path: Path) -> None:
+    """The real NVML and the GPU measurements: copies, memory bandwidth, matmul peaks."""
+    import json
+
+    env = {**__import__("os").environ, "AUTOTUNE_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--refresh",
+                          "--no-allreduce"], cwd=ROOT, capture_output=True, text=True, env=env,
+                         timeout=400)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["gpus"] and doc["errors"] == [], doc["errors"]
+    g = doc["gpus"][0]
+    assert g["pcie"]["max_gen"] and g["memory_bandwidth_peak_gbs"]
+    figs = doc["figures"]
+    i = g["index"]
+    for name in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "memory_bandwidth", "matmul.bf16",
+                 "matmul.fp32"):
+        assert figs[f"gpu{i}.{name}"]["value"] > 0, name
+    assert figs[f"gpu{i}.matmul.bf16"]["value"] > figs[f"gpu{i}.matmul.fp32"]["value"]
+
+
+def test_a_cuda_trial_is_monitored_and_counts_flops(tmp_path: Path) -> None:
+    from autotune.bench import COUNTED
+    from autotune.hardware import detect
+    from autotune.monitor import GpuMonitor
+
+    hw = detect()
+    p = plan(workload={"spec": "bert", "params": {}}, config=Config(micro_batch_size=32,
+             amp="bf16"), device="cuda", workdir=tmp_path, timeout_s=300,
+             measure={"max_seconds": 20}, count_flops=True)
+    m = classify(execute(p, monitor=GpuMonitor([hw.gpus[0].index])), "cuda")
+    assert m.ok, m.reason
+    assert m.gpu["scope"] == "timed windows" and m.gpu["gpu_util_mean"] > 0
+    assert m.gpu["power_w_max"] > 0 and m.gpu["memory_used_bytes_max"] > 2**30
+    assert m.flops_source == COUNTED and m.flops_per_sample and m.flops_per_sample > 5e10

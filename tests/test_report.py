@@ -23,6 +23,9 @@ def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: P
     assert 'src="http' not in text and "src='http" not in text  # no network request at all
     assert text.count("<script") >= len(PANELS) and len(text) > 1_000_000  # plotly.js inlined
     assert "speedup" in text and "memory limit" in text
+    # How close to the hardware, and what holds the winner back.
+    assert "<b>MFU</b>" in text and "of the measured peak" in text and "<b>probe</b>" in text
+    assert "<b>limits the winner</b>" in text
     assert not list(tuned_mlp.parent.glob("*.tmp"))
 
 

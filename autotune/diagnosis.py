@@ -1,0 +1,149 @@
+"""What limits a config: MFU against the probe's measured peak, and the rules that name the
+bottleneck with the numbers behind it. Pure functions over stored measurements.
+
+MFU (model FLOPs utilisation) = samples/s x training FLOPs per sample / peak FLOP/s. The FLOPs
+are counted once per study with ``torch.utils.flop_counter`` (forward and backward, no optimizer);
+the peak is the probe's measured matmul/GEMM peak for the dtype the trial computes in (bf16 or
+fp16 under autocast, else fp32), times the GPUs a trial uses (ranks on one CPU share its peak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from autotune.hardware import format_bytes
+from autotune.knobs import Config
+from autotune.measurement import Measurement
+from autotune.probe import peak_for
+
+INPUT_BOUND = 0.15  # data wait share of the timed wall time
+COMM_BOUND = 0.15  # exposed all-reduce share of the timed wall time
+MEMORY_BOUND = 0.85  # peak memory share of the limit
+LOW_MFU = 0.30  # share of the measured peak
+KINDS = ("input-bound", "communication-bound", "memory-bound", "degraded-link", "slow-device",
+         "low-mfu", "compute-bound")
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # one of KINDS
+    text: str  # one line, its numbers in it
+    evidence: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mfu(samples_per_sec: float | None, flops_per_sample: float | None,
+        peak_tflops: float | None, world_size: int, device: str) -> float | None:
+    """Achieved FLOP/s over the peak of the devices in use; None when a figure is missing."""
+    if not (samples_per_sec and flops_per_sample and peak_tflops):
+        return None
+    devices = world_size if device == "cuda" else 1
+    return samples_per_sec * flops_per_sample / (peak_tflops * 1e12 * devices)
+
+
+def with_efficiency(m: Measurement, config: Config, device: str,
+                    probe: dict[str, Any] | None) -> Measurement:
+    """The measurement with its MFU and the peak it was taken against (when both are known)."""
+    peak = peak_for(probe, config.amp, device)
+    share = mfu(m.samples_per_sec, m.flops_per_sample, peak, config.world_size, device)
+    return replace(m, mfu=None if share is None else round(share, 4), peak_tflops=peak)
+
+
+def _dtype(config: Config) -> str:
+    return config.amp if config.amp in ("bf16", "fp16") else "fp32"
+
+
+def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit: int,
+             probe: dict[str, Any] | None = None,
+             larger_over_limit: tuple[int, int] | None = None) -> list[Finding]:
+    """What limits ``config``, from its stored measurement (``Measurement.to_dict()``), the
+    memory limit, the probe's summary and, when the study has one, the smallest larger
+    micro-batch that passed the limit (trial number, micro-batch). Never empty: when nothing
+    else holds it back, the config is compute-bound."""
+    m, c = measurement, config
+    shares = m.get("breakdown") or {}
+    gpu = m.get("gpu") or {}
+    util = gpu.get("gpu_util_mean")
+    found: list[Finding] = []
+
+    data = shares.get("data_wait", 0.0)
+    if data >= INPUT_BOUND:
+        if c.num_workers == 0:
+            advice = "loader workers would prepare batches while the model computes"
+        else:
+            advice = "more loader workers or a larger prefetch_factor would keep batches ready"
+        if device == "cuda" and not c.pin_memory:
+            advice += "; pin_memory makes the host-to-device copy asynchronous"
+        seen = f"; GPU utilisation averaged {util:.0f}%" if util is not None else ""
+        found.append(Finding("input-bound", (
+            f"input-bound: the step waits for data {100 * data:.0f}% of its time (num_workers "
+            f"{c.num_workers}, pin_memory {'on' if c.pin_memory else 'off'}, prefetch_factor "
+            f"{c.prefetch_factor or 'default'}){seen}: {advice}"),
+            {"data_wait_share": round(data, 4), "num_workers": c.num_workers,
+             "pin_memory": c.pin_memory, "prefetch_factor": c.prefetch_factor,
+             "gpu_util_mean": util}))
+
+    comm = shares.get("comm_wait", 0.0)
+    if comm >= COMM_BOUND:
+        busbw = (probe or {}).get("allreduce_busbw_gbs")
+        measured = (f"; the probe measured {busbw:g} GB/s all-reduce bus bandwidth"
+                    if busbw else "")
+        found.append(Finding("communication-bound", (
+            f"communication-bound: the step waits {100 * comm:.0f}% of its time for the gradient "
+            f"all-reduce ({c.world_size} ranks, {c.ddp_bucket_cap_mb} MB buckets){measured}: "
+            "more accumulation steps or a larger micro-batch all-reduce less often per sample"),
+            {"comm_wait_share": round(comm, 4), "world_size": c.world_size,
+             "bucket_cap_mb": c.ddp_bucket_cap_mb, "allreduce_busbw_gbs": busbw}))
+
+    peak_mem = int(m.get("peak_memory_bytes") or 0)
+    used = peak_mem / limit if limit else 0.0
+    if used >= MEMORY_BOUND or larger_over_limit:
+        larger = (f"; micro-batch {larger_over_limit[1]} passed it (trial {larger_over_limit[0]})"
+                  if larger_over_limit else "")
+        found.append(Finding("memory-bound", (
+            f"memory-bound: peak {format_bytes(peak_mem)} is {100 * used:.0f}% of the "
+            f"{format_bytes(limit)} limit{larger}: activation checkpointing, a lower precision "
+            "or a larger --memory-limit would let larger batches run"),
+            {"peak_memory_bytes": peak_mem, "memory_limit_bytes": limit,
+             "share": round(used, 4), "larger_over_limit": list(larger_over_limit)
+             if larger_over_limit else None}))
+
+    for flag in (probe or {}).get("flags", []):
+        if (device == "cuda") == flag.startswith("CPU"):
+            continue  # the other device's figures do not limit this study
+        link = any(w in flag for w in ("PCIe", "host-to-device", "device-to-host", "all-reduce"))
+        found.append(Finding("degraded-link" if link else "slow-device",
+                             ("degraded link: " if link else "slow device: ") + flag,
+                             {"probe_flag": flag}))
+
+    share = m.get("mfu")
+    peak = m.get("peak_tflops")
+    if share is not None and peak:
+        achieved = share * peak * (c.world_size if device == "cuda" else 1)
+        evidence = {"mfu": share, "achieved_tflops": round(achieved, 4),
+                    "peak_tflops": peak, "dtype": _dtype(c)}
+        if share < LOW_MFU:
+            why = ("see above" if found else
+                   "the time goes to work other than large matmuls (a small micro-batch, "
+                   "elementwise and normalisation kernels, the optimizer step, launch overheads)")
+            if c.amp == "off" and (probe or {}).get("peak_tflops", {}).get("bf16", 0) > peak:
+                why += "; this config computes in fp32"
+            found.append(Finding("low-mfu", (
+                f"low MFU: {100 * share:.0f}% of the measured {_dtype(c)} peak ({achieved:.3g} "
+                f"of {peak * (c.world_size if device == 'cuda' else 1):.3g} TFLOP/s): {why}"),
+                evidence))
+    else:
+        evidence = {"mfu": None}
+    if not found:
+        what = (f"MFU {100 * share:.0f}% of the measured {_dtype(c)} peak" if share is not None
+                else "no MFU (no FLOPs figure or no probe)")
+        found.append(Finding("compute-bound", (
+            f"compute-bound: {what}; data wait {100 * data:.0f}%, communication "
+            f"{100 * comm:.0f}%, memory {100 * used:.0f}% of the limit: the math is the limit, "
+            "so the next gains are in the model (fused kernels, torch.compile), not these knobs"),
+            {**evidence, "data_wait_share": round(data, 4), "comm_wait_share": round(comm, 4),
+             "memory_share": round(used, 4)}))
+    return found

@@ -1,0 +1,135 @@
+"""Watching the GPUs while a trial runs: NVML sampled at about 10 Hz from the tuner process.
+
+The tuner never creates a CUDA context; NVML reads the devices from outside, as nvidia-smi and
+DCGM do. Samples cover the whole trial; the summary stored on the trial covers the timed windows
+only (start-up, model build and warm-up would drag every average down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+from typing import Any
+
+from autotune.hardware import nvml, nvml_call
+
+INTERVAL_S = 0.1
+PCIE_EVERY = 10  # a PCIe throughput read samples for 20 ms inside NVML: once a second is enough
+
+
+class GpuMonitor:
+    """Samples GPU utilisation (NVML's ``utilization.gpu`` as nvidia-smi shows it: the share
+    of time a kernel ran, not SM occupancy), memory used, power, temperature and PCIe
+    throughput of the GPUs ``indices`` (NVML's) in a thread, from ``start`` to ``stop``. A GPU
+    or driver that lacks a query leaves that field out; a monitor that cannot start records
+    nothing."""
+
+    def __init__(self, indices: list[int], interval_s: float = INTERVAL_S, nv: Any = None) -> None:
+        self.indices, self.interval_s, self._nv = list(indices), interval_s, nv
+        self.samples: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> GpuMonitor:
+        try:
+            self._nv = self._nv or nvml()
+            self._nv.nvmlInit()
+        except Exception as exc:  # no driver, no binding: the trial runs unwatched
+            self.error = f"{type(exc).__name__}: {exc}"
+            return self
+        try:
+            handles = {i: self._nv.nvmlDeviceGetHandleByIndex(i) for i in self.indices}
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            return self
+        self._thread = threading.Thread(target=self._run, args=(handles,), daemon=True,
+                                        name="autotune-gpu-monitor")
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            self._thread = None
+        return self.samples
+
+    def _run(self, handles: dict[int, Any]) -> None:
+        nv, tick = self._nv, 0
+        while not self._stop.is_set():
+            t = time.time()
+            for index, h in handles.items():
+                s: dict[str, Any] = {"t": t, "gpu": index}
+                util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
+                if util is not None:
+                    s["gpu_util"] = float(util.gpu)
+                mem = nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+                if mem is not None:
+                    s["memory_used_bytes"] = int(mem.used)
+                power = nvml_call(nv.nvmlDeviceGetPowerUsage, h)
+                if power is not None:
+                    s["power_w"] = power / 1000.0
+                temp = nvml_call(nv.nvmlDeviceGetTemperature, h,
+                                 getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+                if temp is not None:
+                    s["temp_c"] = float(temp)
+                if tick % PCIE_EVERY == 0:
+                    for key, counter in (("pcie_tx_mbs", "NVML_PCIE_UTIL_TX_BYTES"),
+                                         ("pcie_rx_mbs", "NVML_PCIE_UTIL_RX_BYTES")):
+                        kbs = nvml_call(nv.nvmlDeviceGetPcieThroughput, h,
+                                        getattr(nv, counter, 0 if "TX" in counter else 1))
+                        if kbs is not None:
+                            s[key] = kbs / 1000.0  # NVML reports KB/s
+                self.samples.append(s)
+            tick += 1
+            self._stop.wait(max(0.0, self.interval_s - (time.time() - t)))
+
+
+def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """Wall-clock start and end of a trial's timed windows, from its progress events (each
+    window's event is written at its end, with its length)."""
+    windows = [e for e in events if e.get("event") == "window" and "t" in e]
+    if not windows:
+        return None
+    return float(windows[0]["t"]) - float(windows[0].get("seconds", 0.0)), float(windows[-1]["t"])
+
+
+_FIELDS = ("gpu_util", "power_w", "temp_c", "memory_used_bytes", "pcie_tx_mbs",
+           "pcie_rx_mbs")
+
+
+def summarize(samples: list[dict[str, Any]],
+              span: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Statistics of the samples inside ``span`` (all of them when there is no span, or too few
+    inside it): per GPU and over all GPUs, the mean and maximum of each field (minimum too for
+    GPU utilisation: the GPU that waits most)."""
+    inside = [s for s in samples if span and span[0] <= s["t"] <= span[1]]
+    scope = "timed windows"
+    if len(inside) < 2:
+        inside, scope = list(samples), "whole trial"
+    if not inside:
+        return {}
+
+    def stats(group: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"samples": len(group)}
+        for f in _FIELDS:
+            values = [s[f] for s in group if f in s]
+            if values:
+                out[f"{f}_mean"] = round(statistics.fmean(values), 2)
+                out[f"{f}_max"] = round(max(values), 2)
+        return out
+
+    gpus = sorted({s["gpu"] for s in inside})
+    per_gpu = {str(g): stats([s for s in inside if s["gpu"] == g]) for g in gpus}
+    total = stats(inside)
+    means = [p["gpu_util_mean"] for p in per_gpu.values() if "gpu_util_mean" in p]
+    if means:
+        total["gpu_util_min_gpu_mean"] = min(means)
+    return {"scope": scope, "gpus": gpus, **total, "per_gpu": per_gpu}

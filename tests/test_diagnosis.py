@@ -1,0 +1,160 @@
+"""MFU and what limits a config: FLOPs counted against a hand count, MFU through a real study,
+and the diagnosis rules on crafted measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from autotune.bench import COUNTED, _flops, count_flops
+from autotune.diagnosis import KINDS, diagnose, mfu
+from autotune.knobs import Config
+from autotune.launch import execute, plan
+from autotune.measurement import classify
+from autotune.results import larger_over_limit
+from autotune.workloads import resolve
+
+GIB = 2**30
+
+
+def mlp_flops(features: int = 64, hidden: int = 256, classes: int = 10) -> float:
+    """By hand: each Linear(i, o) costs 2io per sample forward, 2io for its weight gradient and
+    2io for its input gradient, except the first layer, whose input needs no gradient."""
+    f, h, c = features, hidden, classes
+    return 6.0 * (f * h + h * h + h * c) - 2.0 * f * h
+
+
+@pytest.mark.parametrize("shape", [{}, {"features": 32, "hidden": 128, "classes": 5}])
+def test_counted_flops_of_mlp_match_the_hand_count(shape: dict[str, int]) -> None:
+    w = resolve("mlp", shape)
+    counted = count_flops(w, w.build_model(), w.build_dataset(), torch.device("cpu"))
+    assert counted == mlp_flops(**shape)
+    # Under autocast the count is the same: MFU then divides by the bf16 peak instead.
+    assert count_flops(w, w.build_model(), w.build_dataset(), torch.device("cpu"),
+                       torch.bfloat16) == mlp_flops(**shape)
+
+
+def test_a_trial_counts_flops_when_asked_and_reuses_a_given_figure(tmp_path: Path) -> None:
+    kw: dict[str, Any] = dict(workload={"spec": "mlp"}, config=Config(micro_batch_size=32),
+                              device="cpu", timeout_s=60,
+                              measure={"min_window_s": 0.05, "max_seconds": 1.5})
+    counted = classify(execute(plan(workdir=tmp_path / "a", count_flops=True, **kw)))
+    assert counted.ok and counted.flops_source == COUNTED
+    assert counted.flops_per_sample == mlp_flops()
+    assert counted.tflops == pytest.approx(counted.samples_per_sec * mlp_flops() / 1e12)
+    given = classify(execute(plan(workdir=tmp_path / "b", **kw, count_flops=True,
+                                  flops={"per_sample": 1e6, "source": COUNTED})))
+    assert given.flops_per_sample == 1e6  # the study's figure wins; nothing is counted again
+    # Not asked to count, or counting failed: the workload's own estimate.
+    w = resolve("mlp")
+    result: dict[str, Any] = {}
+    _flops({}, w, w.build_model(), w.build_dataset(), torch.device("cpu"), None, result)
+    assert result == {"flops_per_sample": w.flops_per_sample(),
+                      "flops_source": "workload.flops_per_sample"}
+    result = {}
+    _flops({"count_flops": True}, w, None, w.build_dataset(), torch.device("cpu"), None, result)
+    assert result["flops_source"] == "workload.flops_per_sample"
+    assert "NoneType" in result["flops_count_error"]
+
+
+def test_profile_mfu_is_rate_times_counted_flops_over_the_measured_peak(tuned_mlp: Path) -> None:
+    doc = yaml.safe_load(tuned_mlp.read_text())
+    r, base = doc["result"], doc["baseline"]
+    assert r["flops_per_sample"] == mlp_flops() and r["flops_source"] == COUNTED
+    dtype = doc["config"]["amp"] if doc["config"]["amp"] in ("bf16", "fp16") else "fp32"
+    peak = doc["probe"]["peak_tflops"][dtype]
+    assert r["peak_tflops"] == peak and doc["probe"]["peak_basis"].startswith("measured")
+    assert r["mfu"] == pytest.approx(r["samples_per_sec"] * mlp_flops() / (peak * 1e12),
+                                     abs=1e-4)
+    assert base["mfu"] == pytest.approx(base["samples_per_sec"] * mlp_flops() / (
+        doc["probe"]["peak_tflops"]["fp32"] * 1e12), abs=1e-4)
+    assert doc["diagnosis"] and {d["kind"] for d in doc["diagnosis"]} <= set(KINDS)
+
+
+def test_mfu_counts_every_gpu_but_one_shared_cpu() -> None:
+    assert mfu(100.0, 1e12, 400.0, 4, "cuda") == pytest.approx(100 * 1e12 / (4 * 400e12))
+    assert mfu(100.0, 1e9, 0.5, 2, "cpu") == pytest.approx(100 * 1e9 / 0.5e12)
+    assert mfu(100.0, None, 0.5, 1, "cpu") is None
+
+
+def kinds(findings: list[Any]) -> list[str]:
+    return [f.kind for f in findings]
+
+
+def test_input_bound_names_the_loader_settings_and_the_gpu_idling() -> None:
+    m = {"breakdown": {"data_wait": 0.71, "compute": 0.29}, "peak_memory_bytes": 10 * GIB,
+         "gpu": {"gpu_util_mean": 23.0}, "mfu": 0.05, "peak_tflops": 700.0}
+    (inp, low) = diagnose(m, Config(micro_batch_size=128, amp="bf16"), device="cuda",
+                          limit=120 * GIB)
+    assert inp.kind == "input-bound" and low.kind == "low-mfu"
+    assert "71% of its time" in inp.text and "num_workers 0" in inp.text
+    assert "GPU utilisation averaged 23%" in inp.text and "pin_memory makes" in inp.text
+    assert inp.evidence["data_wait_share"] == 0.71
+    assert "5% of the measured bf16 peak (35 of 700 TFLOP/s): see above" in low.text
+
+
+def test_communication_bound_quotes_the_probe_bus_bandwidth() -> None:
+    m = {"breakdown": {"data_wait": 0.01, "comm_wait": 0.4, "compute": 0.59},
+         "peak_memory_bytes": GIB}
+    probe = {"allreduce_busbw_gbs": 12.5, "flags": []}
+    found = diagnose(m, Config(world_size=2, ddp_bucket_cap_mb=25), device="cuda",
+                     limit=80 * GIB, probe=probe)
+    assert kinds(found) == ["communication-bound"]
+    assert "40% of its time" in found[0].text and "12.5 GB/s" in found[0].text
+    assert found[0].evidence["world_size"] == 2
+
+
+def test_memory_bound_by_share_or_by_a_larger_batch_over_the_limit() -> None:
+    m = {"breakdown": {"data_wait": 0.0}, "peak_memory_bytes": 18 * GIB}
+    found = diagnose(m, Config(micro_batch_size=64), device="cuda", limit=20 * GIB)
+    assert kinds(found) == ["memory-bound"] and "90% of the 20.00 GiB limit" in found[0].text
+    m["peak_memory_bytes"] = 10 * GIB
+    assert kinds(diagnose(m, Config(micro_batch_size=64), device="cuda",
+                          limit=20 * GIB)) == ["compute-bound"]
+    found = diagnose(m, Config(micro_batch_size=64), device="cuda", limit=20 * GIB,
+                     larger_over_limit=(7, 128))
+    assert kinds(found) == ["memory-bound"]
+    assert "micro-batch 128 passed it (trial 7)" in found[0].text
+
+
+def test_probe_flags_of_this_device_become_findings() -> None:
+    probe = {"flags": ["GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16",
+                       "GPU 0 matmul bf16: 300 TFLOP/s is 30% of the 989.4 TFLOP/s theoretical",
+                       "CPU GEMM fp32: 0.01 TFLOP/s is 4% of the 0.269 TFLOP/s theoretical"]}
+    m = {"breakdown": {}, "peak_memory_bytes": GIB}
+    found = diagnose(m, Config(), device="cuda", limit=80 * GIB, probe=probe)
+    assert kinds(found) == ["degraded-link", "slow-device"]
+    assert found[0].text == "degraded link: GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16"
+    on_cpu = diagnose(m, Config(), device="cpu", limit=80 * GIB, probe=probe)
+    assert kinds(on_cpu) == ["slow-device"] and "CPU GEMM" in on_cpu[0].text
+
+
+def test_compute_bound_when_nothing_else_holds_it_back() -> None:
+    m = {"breakdown": {"data_wait": 0.02, "compute": 0.98}, "peak_memory_bytes": 4 * GIB,
+         "mfu": 0.62, "peak_tflops": 0.6}
+    (only,) = diagnose(m, Config(amp="bf16"), device="cpu", limit=16 * GIB)
+    assert only.kind == "compute-bound"
+    assert only.text.startswith("compute-bound: MFU 62% of the measured bf16 peak; data wait 2%")
+    assert only.evidence["mfu"] == 0.62
+
+
+def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory() -> None:
+    def trial(number: int, micro: int, status: str, peak: int, **attrs: Any) -> Any:
+        t = optuna.trial.create_trial(value=1.0, user_attrs={
+            "config": Config(micro_batch_size=micro).to_dict(), "status": status,
+            "measurement": {"peak_memory_bytes": peak}, **attrs})
+        t.number = number
+        return t
+
+    trials = [trial(0, 32, "ok", 5 * GIB), trial(1, 64, "ok", 9 * GIB),
+              trial(2, 256, "oom", 0), trial(3, 128, "ok", 11 * GIB),
+              trial(4, 512, "pruned", 0, predicted=True, reason="predicted-oom: peak 40.00 GiB")]
+    assert larger_over_limit(trials, Config(micro_batch_size=64), 10 * GIB) == (3, 128)
+    assert larger_over_limit(trials, Config(micro_batch_size=128), 12 * GIB) == (2, 256)
+    assert larger_over_limit(trials, Config(micro_batch_size=256), 12 * GIB) == (4, 512)
+    assert larger_over_limit(trials, Config(micro_batch_size=64, amp="bf16"), GIB) is None
