@@ -224,9 +224,13 @@ def _efficiency(block: dict[str, Any], config: Config, m: dict[str, Any], device
 
 def larger_over_limit(trials: list[FrozenTrial], config: Config,
                       limit: int) -> tuple[int, int] | None:
-    """(trial, micro-batch) of the smallest micro-batch above ``config``'s, same otherwise in
-    precision and ranks, that ran out of memory, passed the limit or was ruled out for it."""
-    found = []
+    """(trial, micro-batch) of the smallest micro-batch above ``config``'s, in the same
+    precision and ranks, that ran out of memory, passed the limit or was ruled out for it:
+    the memory wall the config stands at. None when there is none, or when a micro-batch
+    between the two ran within the limit: then throughput had already stopped growing with
+    the batch before the wall (the config beat that larger batch), and memory is not what
+    limits it."""
+    over, fits = [], []
     for t in trials:
         a = t.user_attrs
         c = Config.from_dict(a["config"])
@@ -235,13 +239,16 @@ def larger_over_limit(trials: list[FrozenTrial], config: Config,
             continue
         m = a.get("measurement") or {}
         # The memory model rules configs out for predicted memory only.
-        over = a.get("status") == "oom" or int(m.get("peak_memory_bytes") or 0) > limit \
-            or bool(a.get("predicted"))
-        if over:
-            found.append((c.micro_batch_size, a.get("reused_from", t.number)))
-    if not found:
+        if a.get("status") == "oom" or int(m.get("peak_memory_bytes") or 0) > limit \
+                or a.get("predicted"):
+            over.append((c.micro_batch_size, a.get("reused_from", t.number)))
+        elif a.get("status") == "ok":
+            fits.append(c.micro_batch_size)
+    if not over:
         return None
-    micro, number = min(found)
+    micro, number = min(over)
+    if any(m < micro for m in fits):
+        return None
     return number, micro
 
 

@@ -154,7 +154,10 @@ def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory
     trials = [trial(0, 32, "ok", 5 * GIB), trial(1, 64, "ok", 9 * GIB),
               trial(2, 256, "oom", 0), trial(3, 128, "ok", 11 * GIB),
               trial(4, 512, "pruned", 0, predicted=True, reason="predicted-oom: peak 40.00 GiB")]
+    # 128 passed a 10 GiB limit right above 64: the wall.
     assert larger_over_limit(trials, Config(micro_batch_size=64), 10 * GIB) == (3, 128)
     assert larger_over_limit(trials, Config(micro_batch_size=128), 12 * GIB) == (2, 256)
     assert larger_over_limit(trials, Config(micro_batch_size=256), 12 * GIB) == (4, 512)
     assert larger_over_limit(trials, Config(micro_batch_size=64, amp="bf16"), GIB) is None
+    # 32 won although 64 and 128 fit: throughput stopped growing before the wall at 256.
+    assert larger_over_limit(trials, Config(micro_batch_size=32), 12 * GIB) is None
