@@ -229,12 +229,13 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
              env: Mapping[str, str] | None = None,
              nproc: int = 1) -> tuple[dict[str, Any] | None, str]:
     """``python -m ARGS... OUT`` (through torchrun with ``nproc`` > 1) in a session of its own,
-    killed as a group at ``timeout_s``: the probe's measurements. Returns (the JSON it wrote,
-    "") or (None, why not)."""
+    ended at ``timeout_s`` with every process it started (torchrun's ranks run in sessions of
+    their own: found by a token in their environment, as a trial's are): the probe's
+    measurements. Returns (the JSON it wrote, "") or (None, why not)."""
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 "--max-restarts=0"] if nproc > 1 else []
     argv = [sys.executable, *launcher, "-m", *args, str(out_path)]
-    full = {**os.environ, **dict(env or {})}
+    full = {**os.environ, **dict(env or {}), TRIAL_TOKEN: str(out_path)}
     package_root = str(Path(__file__).resolve().parent.parent)
     full["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, full.get("PYTHONPATH")) if x)
     out_path.unlink(missing_ok=True)
@@ -243,15 +244,12 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        _reap_stragglers(str(out_path), proc.pid)
         proc.communicate()
         return None, f"killed at its {timeout_s:.0f}s timeout"
-    except BaseException:
-        _kill_group(proc.pid)
-        proc.wait()
-        raise
     finally:
-        _kill_group(proc.pid)
+        _reap_stragglers(str(out_path), proc.pid)
+        proc.wait()
     try:
         return json.loads(out_path.read_text()), ""
     except (OSError, json.JSONDecodeError):

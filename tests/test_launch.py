@@ -183,3 +183,16 @@ def test_knobs_reach_the_trial(tmp_path: Path) -> None:
     assert all(w["samples"] == w["steps"] * 16 * 3 for w in m.windows)
     assert workers and workers[0] >= 2  # the loader's worker processes
     assert raw.result is not None and raw.result["steps_per_window"] >= 1
+
+
+def test_a_tool_past_its_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """The probe's measurements run through `run_tool`; one that hangs under torchrun is ended
+    with its ranks, which run in sessions of their own."""
+    from autotune.launch import TRIAL_TOKEN, run_tool, trial_processes
+
+    out = tmp_path / "out.json"
+    start = time.monotonic()
+    doc, why = run_tool(["autotune.testing.tool", "hang"], out, timeout_s=8, nproc=2)
+    assert doc is None and why == "killed at its 8s timeout"
+    assert time.monotonic() - start < 40
+    assert trial_processes(str(out), -1) == [], TRIAL_TOKEN
