@@ -47,12 +47,14 @@ def test_a_trial_counts_flops_when_asked_and_reuses_a_given_figure(tmp_path: Pat
     assert counted.ok and counted.flops_source == COUNTED
     assert counted.flops_per_sample == mlp_flops()
     assert counted.tflops == pytest.approx(counted.samples_per_sec * mlp_flops() / 1e12)
-    given = classify(execute(plan(workdir=tmp_path / "b", **kw, count_flops=True,
-                                  flops={"per_sample": 1e6, "source": COUNTED})))
-    assert given.flops_per_sample == 1e6  # the study's figure wins; nothing is counted again
-    # Not asked to count, or counting failed: the workload's own estimate.
+    # The study's figure wins: nothing is counted again.
     w = resolve("mlp")
     result: dict[str, Any] = {}
+    _flops({"count_flops": True, "flops": {"per_sample": 1e6, "source": COUNTED}}, w, None,
+           None, torch.device("cpu"), None, result)
+    assert result == {"flops_per_sample": 1e6, "flops_source": COUNTED}
+    # Not asked to count, or counting failed: the workload's own estimate.
+    result = {}
     _flops({}, w, w.build_model(), w.build_dataset(), torch.device("cpu"), None, result)
     assert result == {"flops_per_sample": w.flops_per_sample(),
                       "flops_source": "workload.flops_per_sample"}
