@@ -26,6 +26,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -93,9 +94,12 @@ def _tie_to_tuner() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     parent = os.getppid()
     tuner = int(os.environ.get("AUTOTUNE_TUNER_PID", parent))
+    # On another node of a trial across machines the tuner's pid means nothing: the parent
+    # (that node's torchrun agent) is watched alone.
+    here = os.environ.get("AUTOTUNE_TUNER_HOST", socket.gethostname()) == socket.gethostname()
 
     def orphaned() -> bool:
-        return os.getppid() != parent or not _alive(tuner)
+        return os.getppid() != parent or (here and not _alive(tuner))
 
     if orphaned():  # the tuner died before the tie was made
         os.killpg(os.getpgrp(), signal.SIGKILL)
@@ -154,6 +158,12 @@ class Ranks:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self._device: Any = None
+        # The rank that writes the progress and result files: global rank 0, or in a trial
+        # across machines whose nodes do not share a file system, the first rank of the
+        # tuner's node (which torchrun's c10d rendezvous need not make rank 0).
+        reporting = os.environ.get("AUTOTUNE_REPORTING_NODE")
+        self.reports = self.rank == 0 if reporting is None else \
+            (reporting == "1" and self.local_rank == 0)
 
     def start(self, device: Any) -> str | None:
         """Join the process group (nccl on CUDA, gloo on CPU); returns the backend."""
@@ -645,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     if limit:  # before torch is imported, so every allocation counts against it
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     ranks = Ranks()
-    progress = Progress(args[2] if len(args) == 3 and ranks.rank == 0 else None)
+    progress = Progress(args[2] if len(args) == 3 and ranks.reports else None)
     result = run(spec, progress, ranks)
     try:
         import psutil
@@ -660,9 +670,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(1)
     docs = ranks.gather(result)
-    if ranks.rank == 0:
+    if ranks.reports:
         _write_json(args[1], merge_ranks(docs))
-    # No rank leaves before rank 0 has written: an early exit could cut the gather short.
+    # No rank leaves before the reporting rank has written: an early exit could cut the
+    # gather short.
     ranks.barrier()
     sys.stdout.flush()
     # Skip interpreter teardown (loader workers, CUDA, the process group): the result is

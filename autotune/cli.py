@@ -110,6 +110,15 @@ def run(
     nproc: Annotated[int | None, typer.Option(
         help="Ranks per trial, started through torchrun (nccl on GPUs, gloo on CPU) (default: "
              "one per visible GPU, 1 on CPU)")] = None,
+    nnodes: Annotated[int, typer.Option(
+        help="Machines per trial, each running --nproc ranks, meeting at torchrun's c10d "
+             "rendezvous (--rdzv-endpoint); the other machines run `autotune agent`, or "
+             "--launcher starts them")] = 1,
+    rdzv_endpoint: Annotated[str | None, typer.Option(
+        help="HOST:PORT of the rendezvous of trials across machines (with --nnodes)")] = None,
+    launcher: Annotated[str | None, typer.Option(
+        help="Cluster launcher template that starts {cmd} (torchrun) on every node of a "
+             "trial, e.g. 'srun --nodes 2 --ntasks-per-node 1 {cmd}' (with --nnodes)")] = None,
     global_batch: Annotated[int | None, typer.Option(
         help="Keep micro-batch x accumulation x ranks at this many samples per optimizer step "
              "(accumulation is derived), so tuning never changes the training semantics")
@@ -170,7 +179,7 @@ def run(
         trial_timeout_s=hard, nproc=nproc, global_batch=global_batch,
         measure={"max_seconds": trial_seconds, "min_window_s": window_seconds},
         patience=patience or None, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
-        prune=prune, probe=probe)
+        prune=prune, probe=probe, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, launcher=launcher)
     _sigterm_as_interrupt()
     summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter())
     if summary.best is None:
@@ -179,6 +188,28 @@ def run(
         raise AutotuneError(f"no configuration was measured successfully ({counts or 'no trials'})"
                             f"; read the trial logs under {summary.out_dir / 'trials'}, or give "
                             "more time (--timeout, --trial-seconds) or memory (--memory-limit)")
+
+
+@app.command()
+@guarded
+def agent(
+    storage: Annotated[str, typer.Option(
+        help="The tuner's Optuna storage URL (PostgreSQL, reachable from every node)")],
+    study: Annotated[str, typer.Option(help="The tuner's study name (--study)")],
+    out: Annotated[Path, typer.Option(
+        help="Directory for this node's trial logs")] = Path("studies/agent"),
+    wait: Annotated[str, typer.Option(
+        help="How long to wait for the tuner to create the study")] = "10m",
+    debug: Debug = False,
+) -> None:
+    """Run this machine's part of trials across machines: start with `autotune run --nnodes N
+    --rdzv-endpoint HOST:PORT --storage URL --study NAME` on one machine, and this on each other
+    one; it joins every trial until the tuner's run ends."""
+    from autotune.agent import serve
+
+    _sigterm_as_interrupt()
+    serve(storage, study, out, lambda line: print(line, flush=True),
+          wait_s=parse_duration(wait, "--wait") or 600.0)
 
 
 @app.command("probe")

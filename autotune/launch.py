@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +33,24 @@ from autotune.monitor import GpuMonitor, measured_span, summarize
 
 STDERR_TAIL_BYTES = 8000
 TRIAL_TOKEN = "AUTOTUNE_TRIAL"
+# Which node's ranks write the result and progress files in a trial across machines: "1" on the
+# tuner's node, "0" on the others (started by `autotune agent`); unset, global rank 0 does.
+REPORTING_NODE = "AUTOTUNE_REPORTING_NODE"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """A trial across machines: ``count`` nodes meet at the c10d rendezvous ``endpoint``.
+
+    Without a ``template`` the tuner starts its own node's torchrun agent and the other nodes'
+    agents are started by ``autotune agent`` processes there, which read the trial from the
+    study. With one, the template (a cluster launcher such as ``srun ... {cmd}``) starts the
+    torchrun agent on every node; the trial's files must then be on a file system all nodes
+    share, since global rank 0 writes the result wherever it runs."""
+
+    count: int
+    endpoint: str
+    template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,16 +66,20 @@ class TrialPlan:
     memory_limit_bytes: int | None = None  # enforced by the launcher on CPU (tree memory)
     address_space_bytes: int | None = None  # RLIMIT_AS for the trial process, if set
     device: str = "cpu"
+    torchrun: tuple[str, ...] = ()  # torchrun's flags, for a multi-rank trial
+    rdzv_id: str | None = None  # the rendezvous of a trial across machines
 
 
 def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: Path,
          timeout_s: float, measure: Mapping[str, Any] | None = None,
          memory_limit_bytes: int | None = None, address_space_bytes: int | None = None,
          python: str = sys.executable, extra_env: Mapping[str, str] | None = None,
-         flops: Mapping[str, Any] | None = None, count_flops: bool = False) -> TrialPlan:
+         flops: Mapping[str, Any] | None = None, count_flops: bool = False,
+         nodes: Nodes | None = None, rdzv_id: str | None = None) -> TrialPlan:
     """The trial launch as data: argv, environment and files. Starts nothing.
 
-    ``config.world_size`` > 1 starts that many ranks through torchrun on this machine.
+    ``config.world_size`` > 1 starts that many ranks through torchrun on this machine, or, with
+    ``nodes``, ``world_size / nodes.count`` on each of the nodes (rendezvous ``rdzv_id``).
     ``flops`` is the study's FLOPs-per-sample figure; without one, ``count_flops`` asks the
     trial to count it."""
     # The trial applies the address-space limit and its tie to the tuner itself, first thing
@@ -76,8 +100,20 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
     # Every process of the trial inherits this: how execute finds them all at the end.
     env[TRIAL_TOKEN] = files["result"]
     bench = ("-m", "autotune.bench", files["spec"], files["result"], files["progress"])
-    launcher: tuple[str, ...] = ()
-    if config.world_size == 1:
+    torchrun: tuple[str, ...] = ()
+    if nodes is not None:
+        if config.world_size % nodes.count:
+            raise ValueError(f"{config.world_size} ranks do not split over {nodes.count} nodes")
+        # c10d: the node at the endpoint hosts the store; a fixed node count (min = max)
+        # starts the trial as soon as every node has joined. No restarts: a failed rank or a
+        # lost node ends the trial.
+        torchrun = (f"--nnodes={nodes.count}",
+                    f"--nproc-per-node={config.world_size // nodes.count}",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.endpoint}",
+                    f"--rdzv-id={rdzv_id or 'autotune'}", "--max-restarts=0")
+        if nodes.template is None:
+            env[REPORTING_NODE] = "1"
+    elif config.world_size == 1:
         # A tuner started inside a distributed job (torchrun, a Kubeflow pod) must not hand its
         # own rank variables to a one-rank trial: it would join that job's process group.
         env.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
@@ -85,14 +121,47 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
         # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT for each rank, and
         # OMP_NUM_THREADS=1 unless it is set (as a torchrun training run would get it). No
         # restarts: a failed rank ends the trial, and torchrun stops the other ranks.
-        launcher = ("-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={config.world_size}", "--max-restarts=0")
-    argv = (python, *launcher, *bench)
+        torchrun = ("--standalone", f"--nproc-per-node={config.world_size}", "--max-restarts=0")
+    argv: tuple[str, ...] = (python, *(("-m", "torch.distributed.run", *torchrun)
+                                       if torchrun else ()), *bench)
+    if nodes is not None and nodes.template is not None:
+        # The launcher gets the trial's environment; srun passes it on to every node's task.
+        argv = ("/bin/sh", "-c", nodes.template.replace("{cmd}", shlex.join(argv)))
     return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec,
                      spec_path=files["spec"], result_path=files["result"],
                      progress_path=files["progress"], stderr_path=files["stderr"],
                      memory_limit_bytes=memory_limit_bytes if device == "cpu" else None,
-                     address_space_bytes=address_space_bytes, device=device)
+                     address_space_bytes=address_space_bytes, device=device,
+                     torchrun=torchrun, rdzv_id=rdzv_id if nodes is not None else None)
+
+
+def published(p: TrialPlan) -> dict[str, Any]:
+    """What another node's ``autotune agent`` needs to start its part of a trial across
+    machines: the trial's spec, its environment and torchrun's flags (no paths: the agent
+    writes its own files)."""
+    local = (TRIAL_TOKEN, REPORTING_NODE, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+    return {"id": p.rdzv_id, "spec": p.spec, "torchrun": list(p.torchrun),
+            "env": {k: v for k, v in p.env.items() if k not in local},
+            "timeout_s": p.timeout_s, "memory_limit_bytes": p.memory_limit_bytes,
+            "device": p.device}
+
+
+def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.executable,
+                   extra_env: Mapping[str, str] | None = None) -> TrialPlan:
+    """This node's part of a published trial: the same ranks' command, files in ``workdir``,
+    and not the reporting node."""
+    files = {k: str(workdir / f"{k}.{ext}") for k, ext in
+             (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+    env = {**doc["env"], **dict(extra_env or {}), REPORTING_NODE: "0",
+           TRIAL_TOKEN: files["result"]}
+    argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.bench",
+            files["spec"], files["result"], files["progress"])
+    return TrialPlan(argv=argv, env=env, timeout_s=float(doc["timeout_s"]), spec=doc["spec"],
+                     spec_path=files["spec"], result_path=files["result"],
+                     progress_path=files["progress"], stderr_path=files["stderr"],
+                     memory_limit_bytes=doc.get("memory_limit_bytes"),
+                     device=doc.get("device", "cpu"), torchrun=tuple(doc["torchrun"]),
+                     rdzv_id=doc["id"])
 
 
 def tree_memory_bytes(pid: int) -> int:
@@ -152,7 +221,10 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     Path(p.spec_path).write_text(json.dumps(p.spec))
     for path in (p.result_path, p.progress_path, *_rank_files(p.result_path)):
         Path(path).unlink(missing_ok=True)
-    env = {**os.environ, **p.env, "AUTOTUNE_TUNER_PID": str(os.getpid())}
+    env = {**os.environ, **p.env, "AUTOTUNE_TUNER_PID": str(os.getpid()),
+           # A rank on another node (a cluster launcher passes the environment on) must not
+           # look for this pid there.
+           "AUTOTUNE_TUNER_HOST": socket.gethostname()}
     # The trial imports autotune from wherever the tuner did (source checkout or installed).
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, env.get("PYTHONPATH")) if x)

@@ -11,8 +11,10 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +29,7 @@ from autotune import launch
 from autotune.bench import COUNTED
 from autotune.diagnosis import with_efficiency
 from autotune.errors import AutotuneError, StorageError, UsageError, one_line
+from autotune.fleet import DeviceLock, free_block, gpu_blocks, study_lock
 from autotune.hardware import (
     Hardware,
     detect,
@@ -79,6 +82,9 @@ from autotune.workloads import WorkloadSpec, resolve
 DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a 2-core CPU
 HEARTBEAT_S = 10
 GRACE_S = 60
+STORAGE_ATTEMPTS = 5
+RUNNING_TWIN_POLL_S = 1.0
+NODE_TRIAL = "node_trial"  # the study attribute through which other nodes' agents join trials
 TPE_STARTUP_TRIALS = 5
 MAX_TWINS_IN_A_ROW = 20
 CONFIRM_SHARE = 0.4  # at most this share of a --timeout is kept for the confirmation
@@ -113,6 +119,9 @@ class RunOptions:
     address_space_bytes: int | None = None  # RLIMIT_AS for trial processes (tests)
     hardware: Hardware | None = None  # detected when None
     probe: bool = True  # read the machine's peaks (probing it once) for MFU and the diagnosis
+    nnodes: int = 1  # machines per trial; each runs --nproc ranks (torchrun, c10d rendezvous)
+    rdzv_endpoint: str | None = None  # host:port of the rendezvous, for --nnodes > 1
+    launcher: str | None = None  # a cluster launcher's command template with {cmd}
 
 
 @dataclass
@@ -190,17 +199,28 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         if path and path != ":memory:":
             with contextlib.suppress(OSError):
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
-    except Exception as exc:  # sqlalchemy's ArgumentError, OperationalError, NoSuchModuleError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"cannot open storage {redact(url)!r} ({type(exc).__name__}: "
-                           f"{first[:200]}); use sqlite:///path/to.db or "
-                           "postgresql://user@host:5432/db") from None
+    error: Exception | None = None
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+        except Exception as exc:  # sqlalchemy's ArgumentError, OperationalError, ...
+            error = exc
+            # Workers started together all create Optuna's tables: the losers of that race see
+            # "already exists", a duplicate key, or (SQLite) a locked database. Try again.
+            racing = any(word in str(exc).lower() for word in
+                         ("already exists", "duplicate", "locked", "unique constraint"))
+            if not racing:
+                break
+            time.sleep(0.2 + 0.3 * attempt)
+    assert error is not None
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise StorageError(f"cannot open storage {redact(url)!r} ({type(error).__name__}: "
+                       f"{first[:200]}); use sqlite:///path/to.db or "
+                       "postgresql://user@host:5432/db") from None
 
 
 def default_study_name(name: str, workload: WorkloadSpec, space: NarrowedSpace,
@@ -242,6 +262,29 @@ def check_nproc(nproc: int, hw: Hardware) -> None:
                          f"{hw.cpu_cores}")
 
 
+def check_nodes(nnodes: int, endpoint: str | None, template: str | None) -> launch.Nodes | None:
+    """The multi-node launch for --nnodes/--rdzv-endpoint/--launcher; None on one node."""
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
+    if template is not None and "{cmd}" not in template:
+        raise UsageError(f"--launcher {template!r} has no {{cmd}}: the launcher runs {{cmd}} on "
+                         "each node, e.g. --launcher 'srun --nodes 2 --ntasks-per-node 1 {cmd}'")
+    if nnodes == 1:
+        if endpoint is not None or template is not None:
+            raise UsageError("--rdzv-endpoint and --launcher are for trials across machines: "
+                             "pass --nnodes N (N > 1) too")
+        return None
+    if endpoint is None:
+        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the address every "
+                         "node reaches the rendezvous at (a free port on this machine, which "
+                         "hosts it)")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT; pass e.g. "
+                         "--rdzv-endpoint node0:29400")
+    return launch.Nodes(count=nnodes, endpoint=endpoint, template=template)
+
+
 def _check_writable(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -270,13 +313,15 @@ class Runner:
         self.workload_name = str(getattr(workload, "name", self.workload_spec.name))
         self.nproc = opts.nproc if opts.nproc is not None else default_nproc(self.hw)
         check_nproc(self.nproc, self.hw)
+        self.nodes = check_nodes(opts.nnodes, opts.rdzv_endpoint, opts.launcher)
+        self.world = self.nproc * opts.nnodes  # ranks per trial, all nodes together
         if opts.global_batch is not None:
             self.baseline = baseline_for_global_batch(workload.default_micro_batch,
-                                                      opts.global_batch, self.nproc)
+                                                      opts.global_batch, self.world)
         else:
             self.baseline = Config(micro_batch_size=workload.default_micro_batch,
-                                   world_size=self.nproc)
-        self.space = narrow(load_space(opts.space), self.hw, self.nproc, self.baseline,
+                                   world_size=self.world)
+        self.space = narrow(load_space(opts.space), self.hw, self.world, self.baseline,
                             opts.global_batch)
         self.limit = memory_limit(opts.memory_limit, self.hw)  # a resumed study keeps its own
         self.storage_url = opts.storage or f"sqlite:///{opts.studies_dir}/autotune.db"
@@ -287,7 +332,10 @@ class Runner:
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.probe: dict[str, Any] | None = None  # the probe's summary, once run() read it
         self.storage = open_storage(self.storage_url)
-        self.study = self._open_study()
+        self.devices = self._device_lock()
+        self.held: dict[str, Any] = {}  # the devices and wall-clock span of the last trial run
+        with self._locked():
+            self.study = self._open_study()
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -304,9 +352,12 @@ class Runner:
         if "fingerprint" in attrs:
             diff = fingerprint_diff(attrs["fingerprint"], fingerprint)
             if diff:
+                # A fleet worker on another kind of machine lands here too: its throughput
+                # would not be comparable with the study's.
                 raise UsageError(f"study {self.study_name} was measured on other hardware "
                                  f"({'; '.join(diff)}); measurements are not comparable: "
-                                 "pass another --study name")
+                                 "run this worker on a machine like the study's, or pass "
+                                 "another --study name")
             stored = attrs.get("workload") or {}
             if (stored.get("spec"), stored.get("params")) != (self.workload_spec.spec,
                                                               self.workload_spec.params):
@@ -315,11 +366,11 @@ class Runner:
             stored_space = attrs.get("space") or {}
             stored_shape = {"world_size": stored_space.get("world_size", 1),
                             "global_batch": stored_space.get("global_batch")}
-            if stored_shape != {"world_size": self.nproc, "global_batch": self.opts.global_batch}:
+            if stored_shape != {"world_size": self.world, "global_batch": self.opts.global_batch}:
                 raise UsageError(
-                    f"study {self.study_name} was tuned with --nproc "
-                    f"{stored_shape['world_size']} and --global-batch "
-                    f"{stored_shape['global_batch'] or 'unset'}, not --nproc {self.nproc} and "
+                    f"study {self.study_name} was tuned with {stored_shape['world_size']} "
+                    f"rank(s) per trial (--nproc x --nnodes) and --global-batch "
+                    f"{stored_shape['global_batch'] or 'unset'}, not {self.world} rank(s) and "
                     f"--global-batch {self.opts.global_batch or 'unset'}; pass the same flags "
                     "to resume it, or another --study name")
             searched = stored_space.get("searched")
@@ -362,7 +413,10 @@ class Runner:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(
                 seed=self.opts.seed + offset, multivariate=True, group=True,
-                n_startup_trials=TPE_STARTUP_TRIALS)
+                n_startup_trials=TPE_STARTUP_TRIALS,
+                # Trials other workers are running count as bad for now: workers of a fleet
+                # are not all sent to the same region.
+                constant_liar=True)
 
     def _recover_dead_trials(self) -> None:
         """Fail and retry RUNNING trials whose tuner process on this host is gone."""
@@ -419,8 +473,9 @@ class Runner:
 
     def run(self) -> RunSummary:
         start = time.monotonic()
-        self._recover_dead_trials()
-        self._enqueue_baseline()
+        with self._locked():
+            self._recover_dead_trials()
+            self._enqueue_baseline()
         done_before = len(measured(recorded(self.study)))
         self.reporter.started(StartInfo(
             self.study_name, redact(self.storage_url), self.hw, self.space, self.limit,
@@ -429,32 +484,18 @@ class Runner:
         self._probe_machine()
         interrupted, stop_reason, twins_in_a_row = False, "", 0
         while True:
-            trials = recorded(self.study)
-            # --trials counts measurements: a repeated config costs nothing and does not count.
-            if self.opts.trials is not None and len(measured(trials)) >= self.opts.trials:
-                stop_reason = f"reached {self.opts.trials} trials"
-                break
             remaining = deadline - time.monotonic() if deadline else None
-            reserve = self._confirmation_reserve(trials)
-            if remaining is not None and remaining - reserve < _shortest_useful_trial(trials):
-                budget = format_duration(self.opts.timeout_s or 0)
-                stop_reason = f"time budget of {budget} spent" + (
-                    f" ({format_duration(reserve)} of it kept for confirmation)" if reserve else "")
+            # Deciding whether to go on and claiming the next trial read the study and write it:
+            # under the study lock, so a fleet's workers never both take the last trial.
+            with self._locked():
+                stop_reason = self._stop_reason(remaining, twins_in_a_row)
+                trial = None if stop_reason else self._ask()
+            if trial is None:
                 break
-            if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
-                stop_reason = (f"the sampler proposed {twins_in_a_row} measured or ruled-out "
-                               "configs in a row: the space looks exhausted")
-                break
-            staging = self._stage(trials)
-            obs = observations(trials)
-            noise = noise_of(obs)
-            if not staging and self.opts.patience is not None \
-                    and since_improvement(obs, noise) >= self.opts.patience:
-                stop_reason = (f"no trial beat the best by more than the noise "
-                               f"({100 * noise:.1f}%) in the last {self.opts.patience} trials")
-                break
+            reserve = self._confirmation_reserve(recorded(self.study))
             try:
-                reused = self._one_trial(None if remaining is None else remaining - reserve)
+                reused = self._one_trial(trial, None if remaining is None
+                                         else remaining - reserve)
             except KeyboardInterrupt:
                 interrupted, stop_reason = True, "interrupted"
                 break
@@ -464,12 +505,118 @@ class Runner:
                 self._confirm(deadline)
             except KeyboardInterrupt:
                 interrupted, stop_reason = True, "interrupted during confirmation"
+        self._close_nodes()
         summary = self._summary(time.monotonic() - start, interrupted, stop_reason)
         self.reporter.finished(summary)
         if interrupted:
             raise Interrupted(f"interrupted; study {self.study_name} is saved in "
                               f"{redact(self.storage_url)}: run the same command to resume")
         return summary
+
+    def _stop_reason(self, remaining: float | None, twins_in_a_row: int) -> str:
+        """Why this worker should stop now, or "" to run another trial (then queues the staged
+        search's next config when it has one)."""
+        self._recover_dead_trials()
+        trials = recorded(self.study)
+        # --trials counts measurements: a repeated config costs nothing and does not count.
+        # Trials other workers are running now count too: they will most likely be measured.
+        running = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if self.opts.trials is not None and len(measured(trials)) + running >= self.opts.trials:
+            return f"reached {self.opts.trials} trials" + (
+                f" ({running} of them still running on other workers)" if running else "")
+        reserve = self._confirmation_reserve(trials)
+        if remaining is not None and remaining - reserve < _shortest_useful_trial(trials):
+            budget = format_duration(self.opts.timeout_s or 0)
+            return f"time budget of {budget} spent" + (
+                f" ({format_duration(reserve)} of it kept for confirmation)" if reserve else "")
+        if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
+            return (f"the sampler proposed {twins_in_a_row} measured or ruled-out configs in a "
+                    "row: the space looks exhausted")
+        staging = self._stage(trials)
+        obs = observations(trials)
+        noise = noise_of(obs)
+        if not staging and self.opts.patience is not None \
+                and since_improvement(obs, noise) >= self.opts.patience:
+            return (f"no trial beat the best by more than the noise ({100 * noise:.1f}%) in the "
+                    f"last {self.opts.patience} trials")
+        return ""
+
+    def _ask(self) -> optuna.Trial:
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for optimize(); we run the heartbeat
+            # thread ourselves around the whole trial.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            return self.study.ask()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The study lock (autotune.fleet): one worker at a time reads-then-writes the study."""
+        try:
+            with study_lock(self.storage, self.study_name):
+                yield
+        except AutotuneError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot take the study lock next to {redact(self.storage_url)} "
+                               f"({one_line(exc)}); the directory must be writable") from None
+
+    def _device_lock(self) -> DeviceLock:
+        """The devices a trial of this worker may use (autotune.fleet); GPUs are picked per
+        trial among blocks of --nproc, see ``_devices``."""
+        owner = f"autotune pid {process_identity()['pid']} on {hostname()}, study " \
+                f"{self.study_name}"
+        return DeviceLock(["cpu"] if self.hw.device == "cpu" else
+                          [f"gpu{g.index}" for g in self.hw.gpus[:self.nproc]], owner)
+
+    @contextlib.contextmanager
+    def _devices(self) -> Iterator[tuple[list[int], dict[str, str]]]:
+        """Hold this machine's devices for one trial: the CPU, or a free block of --nproc GPUs
+        (with CUDA_VISIBLE_DEVICES set to it when the worker was not given one). Yields the
+        GPUs' NVML indices and the environment the trial needs."""
+        env: dict[str, str] = {}
+        indices: list[int] = []
+        lock = self.devices
+        if self.hw.device == "cuda":
+            visible = [g.index for g in self.hw.gpus]
+            if "CUDA_VISIBLE_DEVICES" in os.environ:
+                indices = visible[:self.nproc]  # the user chose the devices
+            else:
+                indices = free_block(gpu_blocks(visible, self.nproc))
+                # NVML numbers GPUs by PCI bus; CUDA does so too with this order set.
+                env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, indices)),
+                       "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            lock = DeviceLock([f"gpu{i}" for i in indices], self.devices.owner)
+        start = time.time()
+        with lock.hold(on_wait=self.reporter.note):
+            self.held = {"devices": lock.names, "waited_s": round(time.time() - start, 3),
+                         "start": time.time()}
+            try:
+                yield indices, env
+            finally:
+                self.held["end"] = time.time()
+
+    @contextlib.contextmanager
+    def _published(self, p: launch.TrialPlan) -> Iterator[None]:
+        """For a trial across machines without a cluster launcher: publish it on the study while
+        it runs, for the other nodes' ``autotune agent`` to start their part (autotune.agent)."""
+        if self.nodes is None or self.nodes.template is not None:
+            yield
+            return
+        self.study.set_user_attr(NODE_TRIAL, {**launch.published(p), "state": "running",
+                                              "at": time.time()})
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                self.study.set_user_attr(NODE_TRIAL, {"id": p.rdzv_id, "state": "done",
+                                                      "at": time.time()})
+
+    def _close_nodes(self) -> None:
+        """Tell the other nodes' agents that this run has ended."""
+        if self.nodes is not None and self.nodes.template is None:
+            with contextlib.suppress(Exception):
+                self.study.set_user_attr(NODE_TRIAL, {"id": None, "state": "closed",
+                                                      "at": time.time()})
 
     def _probe_machine(self) -> None:
         """The machine's measured peaks, for MFU and the diagnosis: the cached probe, else a
@@ -483,7 +630,8 @@ class Runner:
             self.reporter.note("probing this machine once (peaks for MFU; cached per "
                                "fingerprint; `autotune probe` shows it)")
         try:
-            doc = probe(self.hw, workdir=self.out_dir)
+            with self._devices():  # another worker's trial would halve the peaks, and the reverse
+                doc = probe(self.hw, workdir=self.out_dir)
         except Exception as exc:  # noqa: BLE001 - the study does not need it to run
             self.reporter.note(f"probe failed ({one_line(exc)}); no MFU in this run")
             return
@@ -504,6 +652,10 @@ class Runner:
         proposal = staged_next(self.space, self.baseline, obs, self._memory_model(obs))
         if proposal is None:
             return False
+        running = [t.user_attrs.get("config") for t in
+                   self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        if proposal.config.to_dict() in running:
+            return True  # another worker measures it now; this one samples meanwhile
         self.study.enqueue_trial(self.space.params_for(proposal.config),
                                  user_attrs={"stage": proposal.stage})
         return True
@@ -513,20 +665,17 @@ class Runner:
             obs = observations(recorded(self.study))
         return MemoryModel(obs, self.hw.device, self.limit, self.opts.headroom)
 
-    def _one_trial(self, remaining: float | None) -> bool:
-        """Ask, measure (or reuse), record, export. Returns whether a measurement was reused."""
+    def _one_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
+        """Measure (or reuse), record, export an asked trial. Returns whether a measurement was
+        reused."""
         from optuna.storages._heartbeat import get_heartbeat_thread
 
-        with warnings.catch_warnings():
-            # Optuna warns that heartbeats are meant for optimize(); we run the heartbeat
-            # thread ourselves around the whole trial.
-            warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            trial = self.study.ask()
         with get_heartbeat_thread(trial._trial_id, self.study._storage):
             return self._run_trial(trial, remaining)
 
     def _run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
         told = False
+        self.held = {}
         try:
             if trial.user_attrs.get("interrupted"):
                 # A retry of a trial whose tuner died: Optuna copied the old trial's attributes.
@@ -541,6 +690,8 @@ class Runner:
             done = len(measured(recorded(self.study)))
             cut = remaining is not None and remaining < self.opts.trial_timeout_s
             timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
+            if not is_baseline:
+                self._wait_for_running_twin(trial.number, config)
             twin = None if is_baseline else self._measured_twin(config)
             verdict = None if is_baseline or twin else self._memory_model().verdict(config)
             if verdict is not None:  # ruled out by the memory model: nothing runs
@@ -609,6 +760,24 @@ class Runner:
                 return t
         return None
 
+    def _wait_for_running_twin(self, number: int, config: Config) -> None:
+        """Wait while another worker measures exactly this config: its result is then reused,
+        so a fleet never measures one config twice at the same time."""
+        told = False
+        while True:
+            busy = [t.number for t in self.study.get_trials(deepcopy=False,
+                                                            states=(TrialState.RUNNING,))
+                    if t.number != number and t.user_attrs.get("config") == config.to_dict()
+                    and t.user_attrs.get("measure_settings") == self._measure_settings()
+                    and t.user_attrs.get("reused_from") is None]
+            if not busy:
+                return
+            if not told:
+                self.reporter.note(f"trial {number}: another worker is measuring this config "
+                                   f"(trial {busy[0]}); waiting to reuse its result")
+                told = True
+            time.sleep(RUNNING_TWIN_POLL_S)
+
     def _measure_settings(self) -> dict[str, Any]:
         return {k: self.opts.measure[k] for k in sorted(self.opts.measure)}
 
@@ -655,18 +824,20 @@ class Runner:
                 self.reporter.trial_event(event)
 
         flops = self.study.user_attrs.get("flops")
-        p = launch.plan(
-            workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
-            config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
-            measure=measure, memory_limit_bytes=self.limit,
-            address_space_bytes=self.opts.address_space_bytes, flops=flops,
-            count_flops=flops is None)
-        monitor = GpuMonitor([g.index for g in self.hw.gpus[:config.world_size]]) \
-            if self.hw.device == "cuda" else None
-        m = classify(launch.execute(
-            p, on_event=on_event,
-            should_stop=(lambda: prune_reason(rates, prune_below_best))
-            if prune_below_best else None, monitor=monitor), self.hw.device)
+        with self._devices() as (gpus, env):
+            p = launch.plan(
+                workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
+                config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
+                measure=measure, memory_limit_bytes=self.limit,
+                address_space_bytes=self.opts.address_space_bytes, flops=flops,
+                count_flops=flops is None, extra_env=env, nodes=self.nodes,
+                rdzv_id=f"{self.study_name}-{workdir.parent.name}-{workdir.name}")
+            monitor = GpuMonitor(gpus) if self.hw.device == "cuda" else None
+            with self._published(p):
+                m = classify(launch.execute(
+                    p, on_event=on_event,
+                    should_stop=(lambda: prune_reason(rates, prune_below_best))
+                    if prune_below_best else None, monitor=monitor), self.hw.device)
         if flops is None and m.flops_source == COUNTED:
             # Counted once per study; every later trial is measured against the same figure.
             self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,
@@ -682,6 +853,8 @@ class Runner:
         trial.set_user_attr("measurement", data)
         trial.set_user_attr("memory_limit_bytes", self.limit)
         trial.set_user_attr("overhead_share", m.overhead_share())
+        if self.held:
+            trial.set_user_attr("devices", self.held)  # which, and when (wall clock): the lock
         if not m.is_result:
             # Not a result: not counted, and measured again by the next run.
             trial.set_user_attr("interrupted", True)

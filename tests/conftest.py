@@ -27,6 +27,23 @@ def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | 
 
 
 @pytest.fixture
+def postgres_url() -> str:
+    """The real PostgreSQL server's URL; CI must have it, elsewhere its tests skip without it."""
+    url = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL",
+                         "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+    try:
+        import sqlalchemy
+
+        sqlalchemy.create_engine(url).connect().close()
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise AssertionError(f"CI must run the PostgreSQL tests, but {url} fails: {exc}") \
+                from exc
+        pytest.skip(f"no PostgreSQL server answers at {url}")
+    return url
+
+
+@pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     return tmp_path

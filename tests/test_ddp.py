@@ -212,8 +212,9 @@ def test_resuming_with_other_ranks_is_refused(workdir: Path) -> None:
                                  trials=1, **kw), reporter=None)  # type: ignore[arg-type]
 
     runner(nproc=1)  # creates the study (no trial runs before .run())
-    with pytest.raises(UsageError, match="was tuned with --nproc 1 and --global-batch unset, "
-                                         "not --nproc 2 and --global-batch unset"):
+    with pytest.raises(UsageError, match=r"was tuned with 1 rank\(s\) per trial \(--nproc x "
+                                         r"--nnodes\) and --global-batch unset, not 2 rank\(s\) "
+                                         "and --global-batch unset"):
         runner(nproc=2)
-    with pytest.raises(UsageError, match="not --nproc 1 and --global-batch 8"):
+    with pytest.raises(UsageError, match=r"not 1 rank\(s\) and --global-batch 8"):
         runner(nproc=1, global_batch=8)

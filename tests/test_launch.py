@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ import psutil
 import pytest
 
 from autotune.knobs import Config
-from autotune.launch import execute, plan
+from autotune.launch import Nodes, execute, from_published, plan, published
 from autotune.measurement import check_result, classify
 
 FAST = {"min_window_s": 0.05, "max_seconds": 5}
@@ -45,6 +47,36 @@ def test_plan_starts_ranks_through_torchrun_with_the_nccl_environment(tmp_path: 
     single = plan(workload={"spec": "bert"}, config=Config(nccl_algo="Tree"), device="cuda",
                   workdir=tmp_path, timeout_s=60)
     assert "torch.distributed.run" not in single.argv and "NCCL_ALGO" not in single.env
+
+
+def test_plan_across_nodes_uses_a_c10d_rendezvous_or_the_clusters_launcher(
+        tmp_path: Path) -> None:
+    config = Config(world_size=8, nccl_algo="Ring")
+    nodes = Nodes(count=2, endpoint="node0:29400")
+    p = plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
+             timeout_s=60, nodes=nodes, rdzv_id="study-trials-0003")
+    assert p.argv[:9] == (sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                          "--nproc-per-node=4", "--rdzv-backend=c10d",
+                          "--rdzv-endpoint=node0:29400", "--rdzv-id=study-trials-0003",
+                          "--max-restarts=0")
+    assert p.env["AUTOTUNE_REPORTING_NODE"] == "1"  # this node writes the result
+    # What another node's agent gets: the same ranks' command, its own files, not reporting.
+    doc = json.loads(json.dumps(published(p)))
+    assert str(tmp_path) not in json.dumps(doc) and doc["env"]["NCCL_ALGO"] == "Ring"
+    other = from_published(doc, tmp_path / "node1")
+    assert other.argv[3:9] == p.argv[3:9] and other.spec == p.spec
+    assert other.env["AUTOTUNE_REPORTING_NODE"] == "0"
+    assert other.result_path == str(tmp_path / "node1" / "result.json")
+    srun = plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
+                timeout_s=60, rdzv_id="study-trials-0003", nodes=Nodes(2, "node0:29400",
+                                                       "srun --nodes 2 --ntasks-per-node 1 {cmd}"))
+    assert srun.argv[:2] == ("/bin/sh", "-c")
+    assert srun.argv[2].startswith("srun --nodes 2 --ntasks-per-node 1 ")
+    assert shlex.split(srun.argv[2])[5:] == list(p.argv)
+    assert "AUTOTUNE_REPORTING_NODE" not in srun.env  # rank 0 writes, on the shared file system
+    with pytest.raises(ValueError, match="8 ranks do not split over 3 nodes"):
+        plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
+             timeout_s=60, nodes=Nodes(3, "node0:29400"))
 
 
 def _run(tmp_path: Path, spec: str, timeout: float = 60, config: Config | None = None,

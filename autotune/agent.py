@@ -1,0 +1,105 @@
+"""``autotune agent``: this machine's part of trials that span machines, without an ssh of ours.
+
+A tuner started with ``--nnodes N --rdzv-endpoint HOST:PORT`` (and no ``--launcher``) starts its
+own node's torchrun agent for each trial and publishes the trial on the study (the
+``node_trial`` attribute: spec, environment, torchrun's flags, rendezvous id). ``autotune agent``
+runs on each other node against the same storage: it polls that attribute, starts its node's
+torchrun agent for each new trial with the same flags, and ends it when the tuner has ended the
+trial (or at the trial's timeout). torchrun's c10d rendezvous does the rest. The tuner's node
+writes the result, so the nodes need not share a file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune import launch
+from autotune.errors import UsageError
+from autotune.fleet import DeviceLock
+from autotune.hardware import detect, hostname, process_identity
+from autotune.profile import fingerprint_diff
+from autotune.study import NODE_TRIAL, open_storage, redact
+
+POLL_S = 0.5
+
+
+def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str], None],
+          wait_s: float = 600.0) -> int:
+    """Join the study's trials until its tuner closes the run; returns the trials joined.
+
+    Waits up to ``wait_s`` for the study to exist (the tuner may start later)."""
+    storage = open_storage(storage_url)
+    started = time.time()
+    study = _wait_for_study(storage, study_name, started + wait_s, say, storage_url)
+    stored = study.user_attrs.get("fingerprint")
+    hw = detect()
+    diff = fingerprint_diff(stored, hw.fingerprint()) if stored else []
+    if diff:
+        raise UsageError(f"study {study_name} was measured on other hardware "
+                         f"({'; '.join(diff)}); measurements are not comparable: run the agent "
+                         "on a machine like the study's")
+    say(f"agent on {hostname()} serving study {study_name} in {redact(storage_url)}")
+    joined: set[str] = set()
+    while True:
+        doc = study.user_attrs.get(NODE_TRIAL) or {}
+        if doc.get("state") == "closed" and doc.get("at", 0) > started:
+            say(f"the tuner's run ended; {len(joined)} trial(s) joined")
+            return len(joined)
+        if doc.get("state") == "running" and doc.get("id") not in joined \
+                and doc.get("at", 0) > started - 60:
+            joined.add(doc["id"])
+            _join(study, doc, out_dir, say, hw.device)
+        time.sleep(POLL_S)
+
+
+def _wait_for_study(storage: Any, name: str, deadline: float, say: Callable[[str], None],
+                    url: str) -> optuna.Study:
+    told = False
+    while True:
+        try:
+            return optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            if time.time() > deadline:
+                raise UsageError(f"no study {name!r} in {redact(url)} appeared; start the "
+                                 "tuner with the same --storage and --study") from None
+            if not told:
+                say(f"waiting for study {name} to be created by its tuner")
+                told = True
+            time.sleep(POLL_S * 2)
+
+
+def _join(study: optuna.Study, doc: dict[str, Any], out_dir: Path, say: Callable[[str], None],
+          device: str) -> None:
+    trial_id = str(doc["id"])
+    workdir = out_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", trial_id)
+    p = launch.from_published(doc, workdir)
+    per_node = next((int(f.split("=", 1)[1]) for f in p.torchrun
+                     if f.startswith("--nproc-per-node=")), 1)
+    names = ["cpu"] if device == "cpu" else [f"gpu{i}" for i in range(per_node)]
+    lock = DeviceLock(names, f"autotune agent pid {process_identity()['pid']} on {hostname()}")
+    last = [0.0]
+
+    def ended() -> str | None:  # the tuner ended the trial (or the run): so does this node
+        now = time.monotonic()
+        if now - last[0] < 1.0:
+            return None
+        last[0] = now
+        with contextlib.suppress(Exception):
+            current = study.user_attrs.get(NODE_TRIAL) or {}
+            if current.get("id") != trial_id or current.get("state") != "running":
+                return "the tuner ended the trial"
+        return None
+
+    say(f"trial {trial_id}: starting this node's {per_node} rank(s)")
+    with lock.hold(on_wait=say):
+        raw = launch.execute(p, should_stop=ended)
+    how = "ended with the tuner's trial" if raw.stopped else (
+        "timed out" if raw.timed_out else f"exit code {raw.returncode}")
+    say(f"trial {trial_id}: {how} (log: {p.stderr_path})")

@@ -1,0 +1,231 @@
+"""Several tuners, one study: workers against the real PostgreSQL server, the fingerprint guard,
+the device lock, and trials across two torchrun agents meeting at a c10d rendezvous on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.results import measured
+from autotune.study import recorded
+from tests.conftest import FAST, ROOT, autotune
+
+pytestmark = pytest.mark.slow
+
+
+def start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check, timeout: float = 120.0):  # noqa: ANN001, ANN201 - a test helper
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+def spans_overlap(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, int]]:
+    """Pairs of trials whose device-holding spans (wall clock) overlap."""
+    spans = sorted((t.user_attrs["devices"]["start"], t.user_attrs["devices"]["end"], t.number)
+                   for t in trials if "devices" in t.user_attrs)
+    return [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+
+
+@pytest.mark.postgres
+def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
+        tmp_path: Path, postgres_url: str) -> None:
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    args = ("run", "--model", "mlp", "--trials", "12", "--storage", postgres_url, "--study", name,
+            "--patience", "0", *FAST)
+    try:
+        workers = [start(tmp_path, *args, "--out", f"w{i}") for i in range(3)]
+        victim = workers[0]
+
+        def victim_trial() -> int | None:  # a trial of the victim's, its process measuring
+            try:
+                study = optuna.load_study(study_name=name, storage=postgres_url)
+            except KeyError:
+                return None
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                worker = t.user_attrs.get("worker") or {}
+                progress = tmp_path / "w0" / "trials" / f"{t.number:04d}" / "progress.jsonl"
+                if worker.get("pid") == victim.pid and progress.exists():
+                    return t.number
+            return None
+
+        killed = wait_for(victim_trial)
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate()
+        for w in workers[1:]:
+            out, err = w.communicate(timeout=400)
+            assert w.returncode == 0, out[-2000:] + err[-2000:]
+
+        study = optuna.load_study(study_name=name, storage=postgres_url)
+        trials = recorded(study)
+        ran = measured(trials)
+        assert len(ran) == 12  # exactly the study's target, none lost
+        numbers = [t.number for t in ran]
+        assert len(set(numbers)) == len(numbers)
+        configs = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in ran]
+        assert len(set(configs)) == len(configs)  # no config measured twice
+        victim_t = study.trials[killed]
+        assert victim_t.state == TrialState.FAIL and victim_t.user_attrs["interrupted"]
+        retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
+        assert retry and retry[0].state != TrialState.RUNNING and retry[0] in trials
+        assert not any(t.state == TrialState.RUNNING for t in study.trials)
+        # Every worker that lived ran trials, and on this one machine never two at once.
+        owners = {t.user_attrs["worker"]["pid"] for t in ran}
+        assert {w.pid for w in workers[1:]} <= owners
+        assert not spans_overlap(ran)
+
+        # A worker on other hardware (here: a fake NVIDIA driver) is refused, and adds nothing.
+        fake = tmp_path / "machine.json"
+        fake.write_text(json.dumps({"driver": "580.1", "cuda_driver": 13000, "gpus": []}))
+        other = autotune(*args, cwd=tmp_path, env={"AUTOTUNE_FAKE_NVML": str(fake)})
+        assert other.returncode == 2
+        assert f"study {name} was measured on other hardware (driver_version: None vs " \
+               "'580.1' here" in other.stderr
+        assert len(optuna.load_study(study_name=name, storage=postgres_url).trials) \
+            == len(study.trials)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+        optuna.delete_study(study_name=name, storage=postgres_url)
+
+
+def test_two_workers_on_one_machine_never_measure_at_once(tmp_path: Path) -> None:
+    """SQLite this time: the study lock is a file lock there."""
+    db = f"sqlite:///{tmp_path}/study.db"
+    args = ("run", "--model", "mlp", "--trials", "6", "--storage", db,
+            "--study", "shared", "--patience", "0", *FAST)
+    workers = [start(tmp_path, *args, "--out", f"w{i}") for i in range(2)]
+    for w in workers:
+        out, err = w.communicate(timeout=300)
+        assert w.returncode == 0, out[-2000:] + err[-2000:]
+    study = optuna.load_study(study_name="shared", storage=db)
+    ran = measured(recorded(study))
+    assert len(ran) == 6
+    assert {t.user_attrs["worker"]["pid"] for t in ran} == {w.pid for w in workers}
+    assert all(t.user_attrs["devices"]["devices"] == ["cpu"] for t in ran)
+    assert not spans_overlap(ran)
+    # They did contend: at least one trial waited for the other worker's.
+    assert any(t.user_attrs["devices"]["waited_s"] > 0.1 for t in ran)
+
+
+def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
+    """Two torchrun agents, the tuner's and `autotune agent`'s, meet at a c10d rendezvous on
+    127.0.0.1 and run one gloo trial of two ranks; the tuner's node writes the one result. The
+    'nodes' get separate device-lock directories, as separate machines have."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    db = f"sqlite:///{tmp_path}/study.db"
+    common = ("--storage", db, "--study", "two-nodes")
+    agent = start(tmp_path, "agent", *common, "--out", "node1",
+                  env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks1")})
+    try:
+        run = autotune("run", "--model", "mlp", "--nnodes", "2", "--nproc", "1",
+                       "--rdzv-endpoint", endpoint, "--trials", "1", *common, *FAST,
+                       cwd=tmp_path, env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks0")})
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        out, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 0, err
+    assert "1 trial(s) joined" in out
+    (trial,) = recorded(optuna.load_study(study_name="two-nodes", storage=db))
+    result = trial.user_attrs["measurement"]
+    assert trial.user_attrs["status"] == "ok" and trial.user_attrs["config"]["world_size"] == 2
+    # Both nodes' ranks measured, merged into one result by the slowest-rank rule.
+    assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
+    assert result["samples_per_sec"] > 0 and len(result["windows"]) >= 3
+    assert list((tmp_path / "node1").glob("*/stderr.log"))  # the agent's own log
+
+
+def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_timeout(
+        tmp_path: Path) -> None:
+    """--launcher with a stand-in for srun that starts {cmd} twice on this machine; then the
+    same trial with one node that never comes: the trial ends at its timeout, the tuner lives."""
+    launcher = f"{sys.executable} -m autotune.testing.launcher 2 {{cmd}}"
+    db = f"sqlite:///{tmp_path}/study.db"
+    common = ("--model", "mlp", "--nnodes", "2", "--nproc", "1", "--trials", "1",
+              "--storage", db, *FAST)
+    ok = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--launcher",
+                  launcher, "--study", "launched", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
+    (trial,) = recorded(optuna.load_study(study_name="launched", storage=db))
+    assert trial.user_attrs["status"] == "ok" and len(trial.user_attrs["measurement"]["ranks"]) == 2
+
+    started = time.monotonic()
+    alone = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--study",
+                     "alone", "--trial-timeout", "12s", "--trial-seconds", "5", cwd=tmp_path)
+    assert time.monotonic() - started < 90
+    assert alone.returncode == 1  # nothing was measured: the one trial timed out
+    (trial,) = recorded(optuna.load_study(study_name="alone", storage=db))
+    assert trial.user_attrs["status"] == "timeout", trial.user_attrs["reason"]
+
+
+def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.fleet import DeviceLock, free_block, gpu_blocks
+
+    monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from autotune.fleet import DeviceLock\n"
+        "with DeviceLock(['gpu0', 'gpu1'], 'worker A').hold():\n"
+        "    print('held', flush=True); time.sleep(2)")], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    assert gpu_blocks([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
+    assert gpu_blocks([0, 1, 2], 4) == [[0, 1, 2]]
+    assert free_block(gpu_blocks([0, 1, 2, 3], 2)) == [2, 3]  # A holds the first block
+    waits: list[str] = []
+    started = time.monotonic()
+    with DeviceLock(["gpu1"], "worker B").hold(on_wait=waits.append):
+        waited = time.monotonic() - started
+    holder.wait()
+    assert waits == ["waiting for gpu1, held by worker A"] and waited > 1.0
+
+
+def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
+    from autotune.errors import UsageError
+    from autotune.study import check_nodes
+
+    cases = {
+        (2, None, None): "--nnodes 2 needs --rdzv-endpoint HOST:PORT",
+        (2, "node0", None): "--rdzv-endpoint 'node0' is not HOST:PORT",
+        (1, "node0:29400", None): "pass --nnodes N (N > 1) too",
+        (2, "n:1", "srun"): "has no {cmd}",
+        (0, None, None): "--nnodes must be >= 1, got 0",
+    }
+    for args, message in cases.items():
+        with pytest.raises(UsageError, match=re.escape(message)):
+            check_nodes(*args)
+    out = autotune("run", "--model", "mlp", "--trials", "1", "--nnodes", "2", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in out.stderr
+    assert not (tmp_path / "studies").exists()  # refused before anything was created
