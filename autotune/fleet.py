@@ -6,8 +6,9 @@ on one) coordinate only through the study's storage and, on one machine, through
 - The **study lock** serialises the few decisions that read the study and then write it: creating
   the study and its attributes, queueing the baseline or a staged config, claiming a trial under
   ``--trials``. On PostgreSQL it is a session advisory lock (the server drops it when a worker's
-  connection dies); on SQLite a ``flock`` on a file next to the database (the kernel drops it
-  when the process dies). Other databases get no lock: workers may then overshoot ``--trials``.
+  connection dies); on SQLite and journal files a ``flock`` on a file next to the storage's (the
+  kernel drops it when the process dies). Other databases get no lock: workers may then
+  overshoot ``--trials``.
 - The **device lock** keeps two workers on one machine from measuring on the same devices at the
   same time, which would corrupt both measurements: one ``flock`` per device (the CPU, each GPU by
   its NVML index) in a directory every user of the machine shares, taken in a fixed order.
@@ -23,10 +24,21 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy
 from sqlalchemy import text
 
 LOCK_POLL_S = 0.2
+_ENGINES: dict[str, Any] = {}
+
+
+def _engine(url: str) -> Any:
+    """One small connection pool per URL for the advisory lock, kept for the process."""
+    if url not in _ENGINES:
+        _ENGINES[url] = sqlalchemy.create_engine(url, pool_size=1, max_overflow=1,
+                                                 pool_pre_ping=True)
+    return _ENGINES[url]
 
 
 def lock_dir() -> Path:
@@ -129,13 +141,12 @@ def _lock_key(study_name: str) -> int:
 
 
 @contextlib.contextmanager
-def study_lock(storage: object, study_name: str) -> Iterator[None]:
+def study_lock(url: str, study_name: str) -> Iterator[None]:
     """Hold the study lock (see the module's docstring) for the duration of the block."""
-    engine = getattr(storage, "engine", None)
-    url = str(getattr(engine, "url", ""))
     if url.startswith("postgresql"):
         key = _lock_key(study_name)
-        with engine.connect() as conn:  # type: ignore[union-attr]
+        engine = _engine(url)
+        with engine.connect() as conn:
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
             conn.commit()
             try:
@@ -143,8 +154,8 @@ def study_lock(storage: object, study_name: str) -> Iterator[None]:
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
                 conn.commit()
-    elif url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url[len("sqlite:///"):])
+    elif url.startswith(("sqlite:///", "journal:///")) and url != "sqlite:///:memory:":
+        path = Path(url.split(":///", 1)[1])
         key = _lock_key(study_name) & 0xFFFFFFFF
         fd = _open_lock(path.with_name(f"{path.name}.{key:08x}.lock"))
         try:

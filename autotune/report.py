@@ -118,14 +118,17 @@ def write_pngs(study: optuna.Study, folder: Path) -> list[Path]:
     return paths
 
 
-def open_existing(storage_url: str) -> optuna.storages.RDBStorage:
-    """Open a storage to read; a SQLite file that is not there is an error, not a new file."""
+def open_existing(storage_url: str) -> optuna.storages.BaseStorage:
+    """Open a storage to read; a SQLite or journal file that is not there is an error, not a
+    new file."""
     from autotune.errors import UsageError
     from autotune.study import open_storage
 
-    if storage_url.startswith("sqlite:///") and not Path(storage_url[10:]).exists():
-        raise UsageError(f"no study storage at {storage_url[10:]}: run `autotune run` first, "
-                         "or pass --storage URL")
+    for scheme in ("sqlite:///", "journal:///"):
+        path = storage_url[len(scheme):]
+        if storage_url.startswith(scheme) and not Path(path).exists():
+            raise UsageError(f"no study storage at {path}: run `autotune run` first, or pass "
+                             "--storage URL")
     return open_storage(storage_url)
 
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import launch
@@ -84,6 +86,7 @@ HEARTBEAT_S = 10
 GRACE_S = 60
 STORAGE_ATTEMPTS = 5
 RUNNING_TWIN_POLL_S = 1.0
+JOURNAL = "journal:///"  # Optuna's journal file storage: for clusters that share only files
 NODE_TRIAL = "node_trial"  # the study attribute through which other nodes' agents join trials
 TPE_STARTUP_TRIALS = 5
 MAX_TWINS_IN_A_ROW = 20
@@ -192,13 +195,24 @@ def redact(url: str) -> str:
     return url
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """An RDB storage with heartbeats; bad URLs and unreachable servers become one-line errors."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            with contextlib.suppress(OSError):
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage with heartbeats, or a journal file (``journal:///path``, as sqlite URLs
+    name files); bad URLs and unreachable servers become one-line errors."""
+    for scheme in ("sqlite:///", JOURNAL):
+        if url.startswith(scheme):
+            path = url[len(scheme):]
+            if path and path != ":memory:":
+                with contextlib.suppress(OSError):
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith(JOURNAL):
+        from optuna.storages.journal import JournalFileBackend
+
+        try:
+            return optuna.storages.JournalStorage(JournalFileBackend(url[len(JOURNAL):]))
+        except OSError as exc:
+            raise StorageError(f"cannot open journal file {url[len(JOURNAL):]!r} "
+                               f"({one_line(exc)}); pass a writable path: "
+                               "journal:///path/to/journal.log") from None
     error: Exception | None = None
     for attempt in range(STORAGE_ATTEMPTS):
         try:
@@ -419,15 +433,24 @@ class Runner:
                 constant_liar=True)
 
     def _recover_dead_trials(self) -> None:
-        """Fail and retry RUNNING trials whose tuner process on this host is gone."""
+        """Fail and retry RUNNING trials whose tuner is gone: on this host by its pid, on others
+        by the heartbeat (Optuna's on a database, autotune's ``alive_at`` on a journal file)."""
         host = hostname()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = RetryHeartbeatStaleTrialCallback(max_retry=2)
+        own_heartbeat = not isinstance(self.storage, BaseHeartbeat)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = t.user_attrs.get("worker") or {}
-            if owner.get("host") != host or process_alive(owner):
+            if owner.get("host") == host:
+                if process_alive(owner):
+                    continue
+            elif not own_heartbeat or not owner:
                 continue
+            else:
+                start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+                if time.time() - float(t.user_attrs.get("alive_at") or start) < GRACE_S:
+                    continue
             # A finished trial's attributes are frozen: mark it first, then fail it, then retry.
             # Another tuner may be recovering the same trial: whoever fails it first retries it.
             try:
@@ -552,7 +575,7 @@ class Runner:
     def _locked(self) -> Iterator[None]:
         """The study lock (autotune.fleet): one worker at a time reads-then-writes the study."""
         try:
-            with study_lock(self.storage, self.study_name):
+            with study_lock(self.storage_url, self.study_name):
                 yield
         except AutotuneError:
             raise
@@ -670,8 +693,33 @@ class Runner:
         reused."""
         from optuna.storages._heartbeat import get_heartbeat_thread
 
-        with get_heartbeat_thread(trial._trial_id, self.study._storage):
+        with get_heartbeat_thread(trial._trial_id, self.study._storage), \
+                self._alive_marks(trial._trial_id):
             return self._run_trial(trial, remaining)
+
+    @contextlib.contextmanager
+    def _alive_marks(self, trial_id: int) -> Iterator[None]:
+        """A heartbeat where the storage has none (a journal file): ``alive_at`` on the trial
+        every HEARTBEAT_S seconds while it runs."""
+        if isinstance(self.storage, BaseHeartbeat):
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # the trial may have just finished
+                    self.storage.set_trial_user_attr(trial_id, "alive_at", time.time())
+                if stop.wait(HEARTBEAT_S):
+                    return
+
+        thread = threading.Thread(target=beat, daemon=True, name="autotune-alive")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def _run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
         told = False

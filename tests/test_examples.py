@@ -44,7 +44,10 @@ def test_the_plain_loop_reproduces_the_profiles_throughput(tuned_mlp: Path,
     taken a minute earlier fails often for reasons outside the code. The tight check is made
     the way such drift is handled in benchmarks, interleaved: loop runs alternate with
     `autotune profile check` rounds, which measure the profile's config exactly as its figure
-    was measured, and the medians must agree within 15%. The check itself builds the trial from
+    was measured, and the best of each must agree within 15%. The best, not the median: other
+    load on a shared machine only ever slows a run down, so the fastest run of each kind is the
+    least disturbed (medians of three failed the check once in CI with every loop run and every
+    check round moving by up to 1.8x within a minute). The check itself builds the trial from
     the config, not through the Profile methods the loop uses, so a profile misapplied by the
     loop (batch size, precision, loader) shows. The recorded figure must still be the same kind
     of number (within 40%)."""
@@ -64,7 +67,7 @@ def test_the_plain_loop_reproduces_the_profiles_throughput(tuned_mlp: Path,
                            str(tuned_mlp), "--seconds", "5"], tmp_path)
         assert report["profile_samples_per_sec"] == pytest.approx(profile.samples_per_sec)
         loops.append(report["samples_per_sec"])
-    ratio = statistics.median(loops) / statistics.median(trials)
+    ratio = max(loops) / max(trials)
     assert abs(ratio - 1) <= 0.15, (loops, trials)
     assert abs(statistics.median(loops) / profile.samples_per_sec - 1) <= 0.4, \
         (loops, profile.samples_per_sec)

@@ -140,9 +140,10 @@ def test_two_workers_on_one_machine_never_measure_at_once(tmp_path: Path) -> Non
 def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
     """Two torchrun agents, the tuner's and `autotune agent`'s, meet at a c10d rendezvous on
     127.0.0.1 and run one gloo trial of two ranks; the tuner's node writes the one result. The
-    'nodes' get separate device-lock directories, as separate machines have."""
+    'nodes' get separate device-lock directories, as separate machines have, and share a journal
+    file as their storage."""
     endpoint = f"127.0.0.1:{free_port()}"
-    db = f"sqlite:///{tmp_path}/study.db"
+    db = f"journal:///{tmp_path}/journal.log"  # the storage for clusters sharing only files
     common = ("--storage", db, "--study", "two-nodes")
     agent = start(tmp_path, "agent", *common, "--out", "node1",
                   env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks1")})
@@ -157,7 +158,9 @@ def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
             agent.kill()
     assert agent.returncode == 0, err
     assert "1 trial(s) joined" in out
-    (trial,) = recorded(optuna.load_study(study_name="two-nodes", storage=db))
+    from autotune.study import open_storage
+
+    (trial,) = recorded(optuna.load_study(study_name="two-nodes", storage=open_storage(db)))
     result = trial.user_attrs["measurement"]
     assert trial.user_attrs["status"] == "ok" and trial.user_attrs["config"]["world_size"] == 2
     # Both nodes' ranks measured, merged into one result by the slowest-rank rule.
@@ -229,3 +232,26 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in out.stderr
     assert not (tmp_path / "studies").exists()  # refused before anything was created
+
+
+def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
+        tmp_path: Path) -> None:
+    """A journal file has no heartbeat of Optuna's: autotune's own `alive_at` decides."""
+    from autotune.study import Runner, RunOptions
+    from tests.test_study import Quiet
+
+    url = f"journal:///{tmp_path}/journal.log"
+    runner = Runner(RunOptions(model="autotune.testing.workloads:tiny", storage=url,
+                               study_name="j", trials=1, out_dir=tmp_path / "out"), Quiet())
+    study = runner.study
+    silent, beating = study.ask(), study.ask()
+    for trial, alive_at in ((silent, time.time() - 120), (beating, time.time() - 5)):
+        trial.set_user_attr("worker", {"host": "another-host", "pid": 1, "started": 0.0})
+        trial.set_user_attr("alive_at", alive_at)
+    runner._recover_dead_trials()
+    trials = study.get_trials()
+    assert trials[silent.number].state == TrialState.FAIL
+    assert trials[silent.number].user_attrs["reason"] == "its tuner process died"
+    assert trials[beating.number].state == TrialState.RUNNING
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == silent.number]
+    assert retry.state == TrialState.WAITING
