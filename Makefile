@@ -24,8 +24,14 @@ lint: setup
 	$(BIN)/ruff check autotune objectives tests benchmarks examples
 	$(BIN)/mypy autotune
 
+# Two test runs: most tests two at a time, then the `serial` ones alone, since they compare
+# timings. Both always run, and share one probe cache (the machine is probed once).
 test: setup lint
-	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu"
+	rc=0; export AUTOTUNE_CACHE_DIR="$${AUTOTUNE_CACHE_DIR:-$$(mktemp -d)}"; \
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal \
+		-m "not gpu and not multi_gpu and not serial" || rc=$$?; \
+	$(BIN)/python -m pytest -q -m "serial and not gpu and not multi_gpu" || rc=$$?; \
+	exit $$rc
 
 # On a machine with CUDA GPUs (scripts/gpu_check.sh runs this too).
 test-gpu: setup

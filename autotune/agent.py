@@ -100,6 +100,8 @@ def _join(study: optuna.Study, doc: dict[str, Any], out_dir: Path, say: Callable
     say(f"trial {trial_id}: starting this node's {per_node} rank(s)")
     with lock.hold(on_wait=say):
         raw = launch.execute(p, should_stop=ended)
+    if raw.interrupted:  # Ctrl-C or SIGTERM: this node's ranks are ended; so is the agent
+        raise KeyboardInterrupt
     how = "ended with the tuner's trial" if raw.stopped else (
         "timed out" if raw.timed_out else f"exit code {raw.returncode}")
     say(f"trial {trial_id}: {how} (log: {p.stderr_path})")

@@ -821,6 +821,8 @@ class Runner:
             if not busy:
                 return
             if not told:
+                # Its worker may be dead: found like any other dead worker's trial.
+                self._recover_dead_trials()
                 self.reporter.note(f"trial {number}: another worker is measuring this config "
                                    f"(trial {busy[0]}); waiting to reuse its result")
                 told = True

@@ -12,6 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # One probe cache for the session: the first study probes this machine, the others read it, and
 # nothing is written under the user's home.
 os.environ.setdefault("AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="autotune-test-cache-"))
+# Device locks of this test process's own: tests running beside each other (pytest-xdist) must
+# not wait for each other's trials, which would eat their time budgets. The fleet tests give
+# their workers one lock directory, as workers on one machine share one.
+os.environ.setdefault("AUTOTUNE_LOCK_DIR", tempfile.mkdtemp(prefix="autotune-test-locks-"))
 # Short windows keep a tiny-workload trial around two seconds, most of it process start-up.
 # No confirmation unless a test asks for it: it re-measures the top configs several times.
 FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s",
@@ -51,11 +55,15 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """gpu / multi_gpu tests skip without devices (the test process may touch CUDA; the tuner
-    may not)."""
+    may not); tests of the shared tuned study are serial."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
+        # The shared tuned study is built once, in the serial run (see `make test`), and the
+        # tests that compare its figures with new measurements need a quiet machine.
+        if "tuned_mlp" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
         if "gpu" in item.keywords and count < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multi_gpu" in item.keywords and count < 2:

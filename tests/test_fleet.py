@@ -1,5 +1,6 @@
-"""Several tuners, one study: workers against the real PostgreSQL server, the fingerprint guard,
-the device lock, and trials across two torchrun agents meeting at a c10d rendezvous on loopback.
+"""Several tuners, one study: workers against the real PostgreSQL server (and resuming there),
+the fingerprint guard, the device lock, the journal file storage, and trials across two torchrun
+agents meeting at a c10d rendezvous on loopback.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.profile import load_profile
 from autotune.results import measured
 from autotune.study import recorded
 from tests.conftest import FAST, ROOT, autotune
@@ -97,10 +99,23 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
         retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
         assert retry and retry[0].state != TrialState.RUNNING and retry[0] in trials
         assert not any(t.state == TrialState.RUNNING for t in study.trials)
-        # Every worker that lived ran trials, and on this one machine never two at once.
+        # Every worker that lived ran trials, and on this one machine never two at once: the
+        # device lock made them wait for each other.
         owners = {t.user_attrs["worker"]["pid"] for t in ran}
         assert {w.pid for w in workers[1:]} <= owners
+        assert all(t.user_attrs["devices"]["devices"] == ["cpu"] for t in ran)
         assert not spans_overlap(ran)
+        assert any(t.user_attrs["devices"]["waited_s"] > 0.1 for t in ran)
+        assert ran[0].number == 0 and ran[0].user_attrs["baseline"]  # queued once, run once
+        profile = load_profile(tmp_path / "w1" / "profile.yaml")
+        assert profile.provenance["study"] == name and profile.provenance["trials"] >= 12
+
+        # The same command again resumes the study: one more trial for --trials 13.
+        again = autotune(*args[:4], "13", *args[5:], "--out", "w1", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert "resuming     12 trial(s) already measured" in again.stdout
+        assert len(measured(recorded(optuna.load_study(study_name=name,
+                                                       storage=postgres_url)))) == 13
 
         # A worker on other hardware (here: a fake NVIDIA driver) is refused, and adds nothing.
         fake = tmp_path / "machine.json"
@@ -116,25 +131,6 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
             if w.poll() is None:
                 w.kill()
         optuna.delete_study(study_name=name, storage=postgres_url)
-
-
-def test_two_workers_on_one_machine_never_measure_at_once(tmp_path: Path) -> None:
-    """SQLite this time: the study lock is a file lock there."""
-    db = f"sqlite:///{tmp_path}/study.db"
-    args = ("run", "--model", "mlp", "--trials", "6", "--storage", db,
-            "--study", "shared", "--patience", "0", *FAST)
-    workers = [start(tmp_path, *args, "--out", f"w{i}") for i in range(2)]
-    for w in workers:
-        out, err = w.communicate(timeout=300)
-        assert w.returncode == 0, out[-2000:] + err[-2000:]
-    study = optuna.load_study(study_name="shared", storage=db)
-    ran = measured(recorded(study))
-    assert len(ran) == 6
-    assert {t.user_attrs["worker"]["pid"] for t in ran} == {w.pid for w in workers}
-    assert all(t.user_attrs["devices"]["devices"] == ["cpu"] for t in ran)
-    assert not spans_overlap(ran)
-    # They did contend: at least one trial waited for the other worker's.
-    assert any(t.user_attrs["devices"]["waited_s"] > 0.1 for t in ran)
 
 
 def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:

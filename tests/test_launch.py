@@ -180,6 +180,7 @@ def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
 
 
+@pytest.mark.serial  # a wall-time bound
 def test_a_too_slow_config_ends_early_with_a_rough_rate(tmp_path: Path) -> None:
     # Each micro-batch sleeps 1 s; with accumulation 4 a step takes ~4 s, and warm-up plus one
     # window cannot fit a 1 s measuring budget: the trial says so after its second micro-batch

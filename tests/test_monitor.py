@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from autotune.knobs import Config
 from autotune.launch import execute, plan
 from autotune.measurement import classify
@@ -17,6 +19,7 @@ GPUS = [{"name": "NVIDIA H200", "util": [80, 100], "power_w": [500, 700], "temp_
          "mem_used_gib": [10], "pcie_kbs": [1000]}]
 
 
+@pytest.mark.serial
 def test_monitor_samples_every_gpu_at_about_ten_hertz() -> None:
     nv = FakeNVML({"gpus": GPUS})
     monitor = GpuMonitor([0, 1], nv=nv).start()
