@@ -32,19 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import optuna  # noqa: E402
 
 import autotune.study as study_module  # noqa: E402
+from autotune.console import QuietReporter  # noqa: E402
 from autotune.study import Runner, RunOptions  # noqa: E402
 
 FAST = {"max_seconds": 3.0, "min_window_s": 0.1}
-
-
-class Quiet:
-    def started(self, info: Any) -> None: ...
-    def trial_started(self, *args: Any) -> None: ...
-    def trial_event(self, event: Any) -> None: ...
-    def trial_finished(self, view: Any, best: Any) -> None: ...
-    def confirming(self, *args: Any) -> None: ...
-    def note(self, line: str) -> None: ...
-    def finished(self, summary: Any) -> None: ...
 
 
 class Timer:
@@ -94,7 +85,7 @@ def storage_overhead(url: str, trials: int, workdir: Path, timer: Timer) -> dict
                       confirm_top=0, patience=None, probe=False)
     before_s, before_calls = timer.seconds, timer.calls
     start = time.perf_counter()
-    summary = Runner(opts, Quiet()).run()
+    summary = Runner(opts, QuietReporter()).run()
     wall = time.perf_counter() - start
     n = len(summary.trials)
     spent = timer.seconds - before_s

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
+from autotune.console import QuietReporter  # noqa: E402
 from autotune.hardware import detect  # noqa: E402
 from autotune.knobs import Config  # noqa: E402
 from autotune.launch import execute, plan  # noqa: E402
@@ -213,23 +214,13 @@ class Table:
                            peak_memory_bytes=peak, wall_s=r["wall_s"])
 
 
-class _Quiet:
-    def started(self, info: Any) -> None: ...
-    def trial_started(self, *args: Any) -> None: ...
-    def trial_event(self, event: Any) -> None: ...
-    def trial_finished(self, view: Any, best: Any) -> None: ...
-    def confirming(self, *args: Any) -> None: ...
-    def note(self, line: str) -> None: ...
-    def finished(self, summary: Any) -> None: ...
-
-
 class _ReplayRunner(Runner):
     """autotune's own search loop; each trial's process replaced by an evaluation of the table."""
 
     def __init__(self, opts: RunOptions, table: Table, rng: random.Random,
                  log: list[tuple[tuple[Any, ...], float | None]]) -> None:
         self.table, self.rng, self.log = table, rng, log
-        super().__init__(opts, _Quiet())
+        super().__init__(opts, QuietReporter())
 
     def _run_config(self, config: Config, workdir: Path, timeout: float,
                     measure: dict[str, Any], prune_below_best: float | None = None,

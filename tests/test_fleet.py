@@ -235,12 +235,12 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
 def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
         tmp_path: Path) -> None:
     """A journal file has no heartbeat of Optuna's: autotune's own `alive_at` decides."""
+    from autotune.console import QuietReporter
     from autotune.study import Runner, RunOptions
-    from tests.test_study import Quiet
 
     url = f"journal:///{tmp_path}/journal.log"
     runner = Runner(RunOptions(model="autotune.testing.workloads:tiny", storage=url,
-                               study_name="j", trials=1, out_dir=tmp_path / "out"), Quiet())
+                               study_name="j", trials=1, out_dir=tmp_path / "out"), QuietReporter())
     study = runner.study
     silent, beating = study.ask(), study.ask()
     for trial, alive_at in ((silent, time.time() - 120), (beating, time.time() - 5)):

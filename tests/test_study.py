@@ -14,6 +14,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from autotune.console import QuietReporter
 from autotune.profile import load_profile
 from autotune.results import measured
 from autotune.study import Runner, RunOptions, recorded
@@ -25,16 +26,6 @@ DB = "sqlite:///study.db"
 def load(url: str, name: str | None = None) -> optuna.Study:
     names = optuna.get_all_study_names(url)
     return optuna.load_study(study_name=name or names[0], storage=url)
-
-
-class Quiet:
-    def started(self, info): ...
-    def trial_started(self, *args): ...
-    def trial_event(self, event): ...
-    def trial_finished(self, view, best): ...
-    def confirming(self, *args): ...
-    def note(self, line): ...
-    def finished(self, summary): ...
 
 
 def test_small_study_end_to_end(workdir: Path) -> None:
@@ -103,7 +94,7 @@ def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Pa
                       params={"mib_per_sample": 256}, space="space.yaml", trials=2,
                       storage=DB, measure={"min_window_s": 0.05, "max_seconds": 5},
                       address_space_bytes=8 * 2**30)  # batch 64 x 256 MiB cannot be mapped
-    summary = Runner(opts, Quiet()).run()
+    summary = Runner(opts, QuietReporter()).run()
     statuses = {t.config.micro_batch_size: (t.status, t.reason) for t in summary.trials}
     assert statuses[4][0] == "ok"
     assert statuses[64][0] == "oom" and "can't allocate memory" in statuses[64][1]
