@@ -57,9 +57,12 @@ def test_the_plain_loop_reproduces_the_profiles_throughput(tuned_mlp: Path,
     assert profile.confirmation is not None  # the figure is the interleaved re-measurement's
     loops, trials = [], []
     for _ in range(3):
+        # The check passes on the machine that tuned the profile; its threshold checks the
+        # mechanics, not this machine's run-to-run noise.
         out = autotune("profile", "check", str(tuned_mlp), "--rounds", "1", "--threshold",
-                       "0.01", cwd=tmp_path)
+                       "0.5", cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
+        assert "ratio" in out.stdout and "PASS" in out.stdout
         found = re.search(r"round 1/1: ([\d,.]+) samples/s", out.stdout)
         assert found, out.stdout
         trials.append(float(found.group(1).replace(",", "")))
@@ -112,14 +115,9 @@ def test_lightning_trains_with_the_profile(tmp_path: Path, fixture: str, world: 
         assert report["ddp_kwargs"] == {"bucket_cap_mb": 10, "gradient_as_bucket_view": True}
 
 
-def test_profile_check_passes_on_the_machine_that_tuned_it(tuned_mlp: Path,
-                                                           tmp_path: Path) -> None:
-    # The threshold checks the mechanics, not this machine's run-to-run noise (up to ~30%).
-    out = autotune("profile", "check", str(tuned_mlp), "--rounds", "1", "--threshold", "0.5",
-                   cwd=tmp_path)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "round 1/1:" in out.stdout and "ratio" in out.stdout and "PASS" in out.stdout
-    # A threshold no re-measurement can meet: the check fails with exit 1 and says why.
+def test_profile_check_fails_below_its_threshold(tuned_mlp: Path, tmp_path: Path) -> None:
+    # Passing on the machine that tuned it: the reproduction test's check rounds. Here a
+    # threshold no re-measurement can meet: the check fails with exit 1 and says why.
     out = autotune("profile", "check", str(tuned_mlp), "--rounds", "1", "--threshold", "5",
                    cwd=tmp_path)
     assert out.returncode == 1 and "FAIL: ratio below 5" in out.stderr, out.stdout + out.stderr
