@@ -33,7 +33,11 @@ def memhog_study(workdir: Path, mib_per_sample: int, micros: str, trials: int, l
     the trials that ran, and those the memory model ruled out."""
     result = autotune(*MEMHOG, "--param", f"mib_per_sample={mib_per_sample}", "--space", space(
         workdir, f"knobs:\n  micro_batch_size: {{choices: [{micros}]}}\n"), "--trials",
-        str(trials), "--memory-limit", limit, "--storage", DB, *FAST, cwd=workdir)
+        str(trials), "--memory-limit", limit, "--storage", DB, *FAST,
+        # memhog touches up to a GiB a step: beside other tests (make test runs two at a
+        # time) its steps slow down, and FAST's 5 s left a baseline "too slow to measure" once.
+        # A trial the stop rule ends early costs nothing more.
+        "--trial-seconds", "15", cwd=workdir)
     assert result.returncode == 0, result.stderr
     done = recorded(load())
     ran = [t for t in done if not t.user_attrs.get("predicted")
