@@ -145,6 +145,24 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_vendor_family() -> tuple[str | None, int | None]:
+    """/proc/cpuinfo's ``vendor_id`` and ``cpu family`` (``AuthenticAMD``, 25), None where
+    unreadable: what tells a Zen 4 (AVX-512 on 256-bit units) from a Zen 5."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("vendor_id", "cpu family"):
+                    found.setdefault(key.strip(), value.strip())
+                if len(found) == 2 or not line.strip():
+                    break
+    except OSError:
+        pass
+    family = found.get("cpu family", "")
+    return found.get("vendor_id"), int(family) if family.isdigit() else None
+
+
 def cpu_max_mhz() -> float | None:
     """The CPU's top clock: cpufreq's maximum, else what /proc/cpuinfo reports (a VM's nominal)."""
     try:

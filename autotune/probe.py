@@ -32,6 +32,7 @@ from autotune.hardware import (
     Hardware,
     cpu_flags,
     cpu_max_mhz,
+    cpu_vendor_family,
     numa_nodes,
     nvlink_links,
     nvml,
@@ -323,17 +324,31 @@ def _theoretical(name: str, doc: dict[str, Any],
 def _cpu_gemm_peak(dtype: str, cpu: dict[str, Any]) -> tuple[float | None, str | None, bool]:
     """cores x clock x FLOP per cycle of the widest FMA (two FMA units assumed): an estimate,
     for fp32 only; bf16 on AMX or AVX512-BF16 has no dependable public per-cycle figure."""
-    mhz, flags = cpu.get("max_mhz"), cpu_flags()
+    mhz = cpu.get("max_mhz")
     if dtype != "fp32":
         return None, "no dependable theoretical figure for bf16 on CPUs", False
-    per_cycle, isa = next(((n, i) for n, i, need in ((64, "AVX-512", "avx512f"),
-                                                      (32, "AVX2", "fma"), (16, "AVX", "avx"))
-                           if need in flags), (0, ""))
+    per_cycle, isa = fp32_flops_per_cycle(cpu_flags(), *cpu_vendor_family())
     if not mhz or not per_cycle:
         return None, "no theoretical figure: unknown clock or vector unit", False
     peak = cpu["cores"] * mhz * 1e6 * per_cycle / 1e12
     return (round(peak, 3), f"estimate: {cpu['cores']} cores x {mhz:.0f} MHz x {per_cycle} "
             f"FLOP/cycle ({isa}, two FMA units assumed)", True)
+
+
+def fp32_flops_per_cycle(flags: set[str], vendor: str | None,
+                         family: int | None) -> tuple[int, str]:
+    """fp32 FLOP per cycle and core of the widest FMA, two units: (0, "") when unknown. AMD's
+    Zen 4 (family 25 with avx512f) runs AVX-512 on 256-bit units, so its peak is AVX2's: 64
+    there would put every Zen 4 GEMM at half its peak."""
+    if "avx512f" in flags:
+        if vendor == "AuthenticAMD" and family == 25:
+            return 32, "AVX-512 on Zen 4's 256-bit units"
+        return 64, "AVX-512"
+    if "fma" in flags:
+        return 32, "AVX2"
+    if "avx" in flags:
+        return 16, "AVX"
+    return 0, ""
 
 
 def _allreduce_peak(doc: dict[str, Any], size: int) -> tuple[float | None, str | None, bool]:

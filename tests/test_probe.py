@@ -167,6 +167,18 @@ def test_figures_against_theoretical_peaks() -> None:
     assert probe_mod.peak_for(summary, "off", "cuda") is None  # no fp32 figure measured
 
 
+def test_cpu_fp32_peak_per_cycle_follows_the_vector_unit() -> None:
+    per_cycle = probe_mod.fp32_flops_per_cycle
+    avx512 = {"avx", "fma", "avx512f"}
+    assert per_cycle(avx512, "GenuineIntel", 6) == (64, "AVX-512")
+    # Zen 4 has AVX-512 but runs it on 256-bit units: AVX2's peak; Zen 5 (family 26) is wider.
+    assert per_cycle(avx512, "AuthenticAMD", 25) == (32, "AVX-512 on Zen 4's 256-bit units")
+    assert per_cycle(avx512, "AuthenticAMD", 26)[0] == 64
+    assert per_cycle({"avx", "fma"}, "AuthenticAMD", 25) == (32, "AVX2")  # Zen 3
+    assert per_cycle({"avx"}, None, None) == (16, "AVX")
+    assert per_cycle(set(), None, None) == (0, "")
+
+
 def test_probe_cli_reads_gpus_through_nvml(workdir: Path) -> None:
     """`autotune probe` on a machine whose NVML (the fake) shows four GPUs. The links are read
     every time; the measurements come from the session's cache."""
