@@ -512,7 +512,7 @@ class Runner:
             # under the study lock, so a fleet's workers never both take the last trial.
             with self._locked():
                 stop_reason = self._stop_reason(remaining, twins_in_a_row)
-                trial = None if stop_reason else self._ask()
+                trial = None if stop_reason else self._claim(self._ask())
             if trial is None:
                 break
             reserve = self._confirmation_reserve(recorded(self.study))
@@ -522,6 +522,12 @@ class Runner:
             except KeyboardInterrupt:
                 interrupted, stop_reason = True, "interrupted"
                 break
+            except UpdateFinishedTrialError:
+                # Another worker ended this trial, taking this one for dead (a heartbeat missed
+                # under load): its retry runs elsewhere; this worker goes on.
+                self.reporter.note(f"trial {trial.number} was ended by another worker, which "
+                                   "took this one for dead; going on")
+                reused = False
             twins_in_a_row = twins_in_a_row + 1 if reused else 0
         if not interrupted:
             try:
@@ -563,6 +569,20 @@ class Runner:
             return (f"no trial beat the best by more than the noise ({100 * noise:.1f}%) in the "
                     f"last {self.opts.patience} trials")
         return ""
+
+    def _claim(self, trial: optuna.Trial) -> optuna.Trial:
+        """Mark a trial just asked as this worker's, under the study lock with the ask: a retried
+        trial arrives with its dead worker's attributes, and another worker recovering dead
+        workers' trials must not take it for that worker's."""
+        trial.set_user_attr("worker", process_identity())
+        if trial.user_attrs.get("interrupted"):
+            trial.set_user_attr("interrupted", False)
+            frozen = self.storage.get_trial(trial._trial_id)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                trial.set_user_attr("retry_of",
+                                    RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen))
+        return trial
 
     def _ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
@@ -725,16 +745,9 @@ class Runner:
         told = False
         self.held = {}
         try:
-            if trial.user_attrs.get("interrupted"):
-                # A retry of a trial whose tuner died: Optuna copied the old trial's attributes.
-                trial.set_user_attr("interrupted", False)
-                frozen = self.storage.get_trial(trial._trial_id)
-                trial.set_user_attr("retry_of",
-                                    RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen))
             config = self.space.suggest(trial, self.baseline)
             is_baseline = bool(trial.user_attrs.get("baseline"))
             trial.set_user_attr("config", config.to_dict())
-            trial.set_user_attr("worker", process_identity())
             done = len(measured(recorded(self.study)))
             cut = remaining is not None and remaining < self.opts.trial_timeout_s
             timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
@@ -822,7 +835,8 @@ class Runner:
                 return
             if not told:
                 # Its worker may be dead: found like any other dead worker's trial.
-                self._recover_dead_trials()
+                with self._locked():
+                    self._recover_dead_trials()
                 self.reporter.note(f"trial {number}: another worker is measuring this config "
                                    f"(trial {busy[0]}); waiting to reuse its result")
                 told = True

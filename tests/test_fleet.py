@@ -253,3 +253,34 @@ def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
     assert trials[beating.number].state == TrialState.RUNNING
     (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == silent.number]
     assert retry.state == TrialState.WAITING
+
+
+def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(tmp_path: Path) -> None:
+    """A retried trial arrives with its dead worker's attributes. The worker that asks it marks
+    it its own under the study lock, in the same step, so another worker recovering dead
+    workers' trials leaves it running (it once failed it under the new owner's feet, and that
+    tuner died of UpdateFinishedTrialError)."""
+    from autotune.console import QuietReporter
+    from autotune.hardware import hostname
+    from autotune.study import Runner, RunOptions
+
+    url = f"journal:///{tmp_path}/journal.log"
+
+    def runner() -> Runner:
+        return Runner(RunOptions(model="autotune.testing.workloads:tiny", storage=url,
+                                 study_name="j", trials=2, out_dir=tmp_path / "out"),
+                      QuietReporter())
+
+    a, b = runner(), runner()
+    dead = a.study.ask()
+    dead.set_user_attr("worker", {"host": hostname(), "pid": os.getpid(), "started": 0.0})
+    b._recover_dead_trials()  # its pid's start time is not this process's: dead
+    with a._locked():
+        retry = a._claim(a._ask())
+    assert retry.number != dead.number and retry.user_attrs["retry_of"] == dead.number
+    b._recover_dead_trials()
+    trials = a.study.get_trials()
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[retry.number].state == TrialState.RUNNING
+    assert trials[retry.number].user_attrs["interrupted"] is False
+    assert trials[retry.number].user_attrs["worker"]["pid"] == os.getpid()
