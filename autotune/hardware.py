@@ -7,11 +7,14 @@ process leaves every byte of GPU memory to the trials.
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import json
 import os
 import platform
 import socket
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,15 +284,38 @@ def _nvml_gpus() -> tuple[list[GPU], str | None, str | None]:
         nv.nvmlShutdown()
 
 
-def detect() -> Hardware:
-    """Read this machine without initialising CUDA."""
+def torch_build() -> tuple[str, str | None]:
+    """torch's version and the CUDA it was built for (None for a CPU build), read from the
+    installed ``torch/version.py`` without importing torch: planning trials needs no torch, and
+    importing it costs every ``autotune`` command a second or more. Imported only when that file
+    cannot be read."""
+    if "torch" not in sys.modules:
+        try:
+            spec = importlib.util.find_spec("torch")
+            folders = list(spec.submodule_search_locations or []) if spec else []
+            found: dict[str, Any] = {}
+            for node in ast.parse((Path(folders[0]) / "version.py").read_text()).body:
+                if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                    target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                    if isinstance(target, ast.Name) and target.id in ("__version__", "cuda"):
+                        found[target.id] = ast.literal_eval(node.value)
+            if isinstance(found.get("__version__"), str):
+                return found["__version__"], found.get("cuda")
+        except (ImportError, IndexError, OSError, SyntaxError, ValueError):
+            pass
     import torch
 
+    return str(torch.__version__), torch.version.cuda
+
+
+def detect() -> Hardware:
+    """Read this machine without initialising CUDA (and without importing torch on a machine
+    with no NVIDIA GPU)."""
     cpu_model, cpu_bf16 = _cpu_info()
     mem = psutil.virtual_memory()
     notes: list[str] = []
     gpus, driver, why_not = _nvml_gpus()
-    cuda_version = torch.version.cuda
+    torch_version, cuda_version = torch_build()
     if gpus and cuda_version is None:
         notes.append("NVIDIA GPUs found but this torch build has no CUDA; tuning on the CPU")
         gpus = []
@@ -298,6 +324,8 @@ def detect() -> Hardware:
     nccl = None
     if gpus:
         try:
+            import torch
+
             # Reads the linked library's version; does not create a CUDA context.
             v = torch.cuda.nccl.version()
             nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
@@ -311,7 +339,7 @@ def detect() -> Hardware:
         cpu_bf16=cpu_bf16,
         memory_total_bytes=int(mem.total),
         memory_available_bytes=int(mem.available),
-        torch_version=str(torch.__version__),
+        torch_version=torch_version,
         cuda_version=cuda_version if gpus else None,
         nccl_version=nccl,
         driver_version=driver,

@@ -1,17 +1,22 @@
-"""bert: BERT-base masked-language-model pre-training (random init, no download; seq_len 128)."""
+"""bert: BERT-base masked-language-model pre-training (random init, no download; seq_len 128).
+
+torch is imported where it is used: the tuner resolves a workload to plan trials and needs no
+torch for that (the trial processes do the training).
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from autotune.synthetic import make_vocab, sentence_words, whole_words, wordpiece_tokenizer
 
+if TYPE_CHECKING:
+    import torch
 
-class MaskedTextDataset(torch.utils.data.Dataset):
+
+class MaskedTextDataset:
     """Each item is generated text, tokenised by a real WordPiece tokenizer, then 15% masked.
 
     The work happens in __getitem__, per sample, like a real pipeline reading and tokenising text,
@@ -22,17 +27,20 @@ class MaskedTextDataset(torch.utils.data.Dataset):
         self.vocab, self.seq_len, self.length, self.seed = vocab, seq_len, length, seed
         self.words = whole_words(vocab)
         self.tokenizer: Any = None  # built lazily: once per loader worker, not pickled across
-        self.special_ids = torch.arange(5)  # [PAD] [UNK] [CLS] [SEP] [MASK] are ids 0..4
+        self.special_ids: Any = None  # ids 0..4, [PAD] [UNK] [CLS] [SEP] [MASK]: with the tokenizer
         self.mask_id = vocab.index("[MASK]")
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        import torch
+
         if self.tokenizer is None:
             self.tokenizer = wordpiece_tokenizer(self.vocab)
             self.tokenizer.enable_truncation(self.seq_len)
             self.tokenizer.enable_padding(length=self.seq_len, pad_id=0, pad_token="[PAD]")
+            self.special_ids = torch.arange(5)
         rng = random.Random(self.seed * 1_000_003 + index)
         # ~0.8 words per token: most samples fill the sequence, some are padded.
         text = sentence_words(self.words, rng.randint(self.seq_len // 2, self.seq_len), rng)
@@ -75,11 +83,13 @@ class Bert:
 
         return BertForMaskedLM(self.config())  # random init: nothing is downloaded
 
-    def build_dataset(self) -> torch.utils.data.Dataset:
+    def build_dataset(self) -> MaskedTextDataset:
         vocab = make_vocab(self.config().vocab_size)
         return MaskedTextDataset(vocab, self.seq_len, length=100_000, seed=0)
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        import torch
+
         return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

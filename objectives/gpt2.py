@@ -1,17 +1,22 @@
-"""gpt2: GPT-2 small causal-LM training (124M, random init, no download; seq_len 128)."""
+"""gpt2: GPT-2 small causal-LM training (124M, random init, no download; seq_len 128).
+
+torch is imported where it is used: the tuner resolves a workload to plan trials and needs no
+torch for that (the trial processes do the training).
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from autotune.synthetic import make_vocab, sentence_words, whole_words, wordpiece_tokenizer
 
+if TYPE_CHECKING:
+    import torch
 
-class PackedTextDataset(torch.utils.data.Dataset):
+
+class PackedTextDataset:
     """Generated text tokenised per sample and cut to exactly seq_len tokens (no padding)."""
 
     def __init__(self, vocab: list[str], seq_len: int, length: int, seed: int) -> None:
@@ -23,6 +28,8 @@ class PackedTextDataset(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        import torch
+
         if self.tokenizer is None:
             self.tokenizer = wordpiece_tokenizer(self.vocab)
         rng = random.Random(self.seed * 1_000_003 + index)
@@ -54,10 +61,12 @@ class GPT2:
 
         return GPT2LMHeadModel(self.config())
 
-    def build_dataset(self) -> torch.utils.data.Dataset:
+    def build_dataset(self) -> PackedTextDataset:
         return PackedTextDataset(make_vocab(self.config().vocab_size), self.seq_len, 100_000, 0)
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        import torch
+
         return torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Small workloads that misbehave on purpose, for testing trial isolation on any machine.
 
-Use them as ``--model autotune.testing.workloads:memhog`` and friends.
+Use them as ``--model autotune.testing.workloads:memhog`` and friends. torch is imported where
+it is used, as in the built-in workloads: the tuner resolves a workload without it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def _this_rank(rank: int | None) -> bool:
@@ -20,7 +22,7 @@ def _this_rank(rank: int | None) -> bool:
     return rank is None or int(os.environ.get("RANK", "0")) == rank
 
 
-class _Numbers(torch.utils.data.Dataset):
+class _Numbers:
     def __init__(self, features: int = 16) -> None:
         self.features = features
 
@@ -28,6 +30,8 @@ class _Numbers(torch.utils.data.Dataset):
         return 10_000
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        import torch
+
         return torch.full((self.features,), float(index % 7))
 
 
@@ -39,12 +43,16 @@ class Tiny:
     default_micro_batch: int = 4
 
     def build_model(self) -> torch.nn.Module:
+        import torch
+
         return torch.nn.Linear(16, 1)
 
-    def build_dataset(self) -> torch.utils.data.Dataset:
+    def build_dataset(self) -> _Numbers:
         return _Numbers()
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        import torch
+
         return torch.optim.SGD(model.parameters(), lr=0.01)
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -64,12 +72,13 @@ class MemHog(Tiny):
     rank: int | None = None
 
     def build_model(self) -> torch.nn.Module:
-        model = torch.nn.Linear(16, 1)
         self._held: list[torch.Tensor] = []
-        return model
+        return super().build_model()
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         if not self._held and _this_rank(self.rank):
+            import torch
+
             n = batch.shape[0] * self.mib_per_sample * 2**20 // 4
             self._held.append(torch.ones(n))  # ones(): pages are written, so they are resident
         return model(batch).pow(2).mean()
@@ -130,16 +139,6 @@ class Slow(Tiny):
         return model(batch).pow(2).mean()
 
 
-class _SleepyStep(torch.optim.SGD):
-    def __init__(self, params: Any, lr: float, extra_s: float) -> None:
-        super().__init__(params, lr=lr)
-        self.extra_s = extra_s
-
-    def step(self, closure: Any = None) -> Any:
-        time.sleep(self.extra_s)
-        return super().step(closure)
-
-
 @dataclass
 class SlowRank(Tiny):
     """Rank ``rank``'s optimizer step sleeps ``extra_s`` more: after the gradient all-reduce,
@@ -150,8 +149,16 @@ class SlowRank(Tiny):
     name: str = "slowrank"
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        extra = self.extra_s if _this_rank(self.rank) else 0.0
-        return _SleepyStep(model.parameters(), lr=0.01, extra_s=extra)
+        optimizer = super().build_optimizer(model)
+        if _this_rank(self.rank):
+            step = optimizer.step
+
+            def slower(closure: Any = None) -> Any:
+                time.sleep(self.extra_s)
+                return step(closure)
+
+            optimizer.step = slower
+        return optimizer
 
 
 def tiny() -> Tiny:
