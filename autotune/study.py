@@ -572,9 +572,12 @@ class Runner:
 
     def _claim(self, trial: optuna.Trial) -> optuna.Trial:
         """Mark a trial just asked as this worker's, under the study lock with the ask: a retried
-        trial arrives with its dead worker's attributes, and another worker recovering dead
-        workers' trials must not take it for that worker's."""
+        trial arrives with its dead worker's attributes (owner, last heartbeat mark), and another
+        worker recovering dead workers' trials must not take it for that worker's."""
         trial.set_user_attr("worker", process_identity())
+        if not isinstance(self.storage, BaseHeartbeat):
+            # A retry carries the dead trial's last (stale) mark: beat now, not in a moment.
+            trial.set_user_attr("alive_at", time.time())
         if trial.user_attrs.get("interrupted"):
             trial.set_user_attr("interrupted", False)
             frozen = self.storage.get_trial(trial._trial_id)

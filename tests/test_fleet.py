@@ -255,7 +255,8 @@ def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
     assert retry.state == TrialState.WAITING
 
 
-def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(tmp_path: Path) -> None:
+def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A retried trial arrives with its dead worker's attributes. The worker that asks it marks
     it its own under the study lock, in the same step, so another worker recovering dead
     workers' trials leaves it running (it once failed it under the new owner's feet, and that
@@ -274,6 +275,7 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(tmp_path: Path)
     a, b = runner(), runner()
     dead = a.study.ask()
     dead.set_user_attr("worker", {"host": hostname(), "pid": os.getpid(), "started": 0.0})
+    dead.set_user_attr("alive_at", time.time() - 120)
     b._recover_dead_trials()  # its pid's start time is not this process's: dead
     with a._locked():
         retry = a._claim(a._ask())
@@ -284,3 +286,8 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(tmp_path: Path)
     assert trials[retry.number].state == TrialState.RUNNING
     assert trials[retry.number].user_attrs["interrupted"] is False
     assert trials[retry.number].user_attrs["worker"]["pid"] == os.getpid()
+    # Seen from another host, the journal's heartbeat mark decides: the claim renewed the stale
+    # one the retry inherited.
+    monkeypatch.setattr("autotune.study.hostname", lambda: "another-host")
+    b._recover_dead_trials()
+    assert a.study.get_trials()[retry.number].state == TrialState.RUNNING
