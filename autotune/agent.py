@@ -22,7 +22,7 @@ import optuna
 
 from autotune import launch
 from autotune.errors import UsageError
-from autotune.fleet import DeviceLock
+from autotune.fleet import DeviceLock, trial_devices
 from autotune.hardware import detect, hostname, process_identity
 from autotune.profile import fingerprint_diff
 from autotune.study import NODE_TRIAL, open_storage, redact
@@ -55,7 +55,7 @@ def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str],
         if doc.get("state") == "running" and doc.get("id") not in joined \
                 and doc.get("at", 0) > started - 60:
             joined.add(doc["id"])
-            _join(study, doc, out_dir, say, hw.device)
+            _join(study, doc, out_dir, say, hw.device, [g.index for g in hw.gpus])
         time.sleep(POLL_S)
 
 
@@ -76,13 +76,14 @@ def _wait_for_study(storage: Any, name: str, deadline: float, say: Callable[[str
 
 
 def _join(study: optuna.Study, doc: dict[str, Any], out_dir: Path, say: Callable[[str], None],
-          device: str) -> None:
+          device: str, gpus: list[int]) -> None:
     trial_id = str(doc["id"])
     workdir = out_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", trial_id)
-    p = launch.from_published(doc, workdir)
-    per_node = next((int(f.split("=", 1)[1]) for f in p.torchrun
+    per_node = next((int(f.split("=", 1)[1]) for f in doc["torchrun"]
                      if f.startswith("--nproc-per-node=")), 1)
-    names = ["cpu"] if device == "cpu" else [f"gpu{i}" for i in range(per_node)]
+    # This node's own free block of GPUs, as a tuner picks one for its node.
+    names, _, env = trial_devices(device, gpus, per_node)
+    p = launch.from_published(doc, workdir, extra_env=env)
     lock = DeviceLock(names, f"autotune agent pid {process_identity()['pid']} on {hostname()}")
     last = [0.0]
 

@@ -134,6 +134,23 @@ def free_block(blocks: list[list[int]]) -> list[int]:
     return blocks[0]
 
 
+def trial_devices(device: str, visible: list[int],
+                  nproc: int) -> tuple[list[str], list[int], dict[str, str]]:
+    """What one trial of ``nproc`` ranks on this machine takes: the device lock's names, the
+    GPUs' NVML indices and the environment the ranks need. The CPU; on GPUs the ones the user
+    made visible (CUDA_VISIBLE_DEVICES set), else a free block of ``nproc``, made visible in
+    NVML's order (by PCI bus, which CUDA follows only when told)."""
+    if device != "cuda":
+        return ["cpu"], [], {}
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        indices, env = visible[:nproc], {}
+    else:
+        indices = free_block(gpu_blocks(visible, nproc))
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, indices)),
+               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return [f"gpu{i}" for i in indices], indices, env
+
+
 def _lock_key(study_name: str) -> int:
     """A signed 64-bit advisory-lock key for the study."""
     digest = hashlib.sha256(f"autotune:{study_name}".encode()).digest()

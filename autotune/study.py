@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import threading
 import time
 import warnings
@@ -31,7 +30,7 @@ from autotune import launch
 from autotune.bench import COUNTED
 from autotune.diagnosis import with_efficiency
 from autotune.errors import AutotuneError, StorageError, UsageError, one_line
-from autotune.fleet import DeviceLock, free_block, gpu_blocks, study_lock
+from autotune.fleet import DeviceLock, study_lock, trial_devices
 from autotune.hardware import (
     Hardware,
     detect,
@@ -346,7 +345,9 @@ class Runner:
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.probe: dict[str, Any] | None = None  # the probe's summary, once run() read it
         self.storage = open_storage(self.storage_url)
-        self.devices = self._device_lock()
+        # Who holds a device, as a worker waiting for it is told (autotune.fleet.DeviceLock).
+        self.device_owner = (f"autotune pid {process_identity()['pid']} on {hostname()}, "
+                             f"study {self.study_name}")
         self.held: dict[str, Any] = {}  # the devices and wall-clock span of the last trial run
         with self._locked():
             self.study = self._open_study()
@@ -606,32 +607,14 @@ class Runner:
             raise StorageError(f"cannot take the study lock next to {redact(self.storage_url)} "
                                f"({one_line(exc)}); the directory must be writable") from None
 
-    def _device_lock(self) -> DeviceLock:
-        """The devices a trial of this worker may use (autotune.fleet); GPUs are picked per
-        trial among blocks of --nproc, see ``_devices``."""
-        owner = f"autotune pid {process_identity()['pid']} on {hostname()}, study " \
-                f"{self.study_name}"
-        return DeviceLock(["cpu"] if self.hw.device == "cpu" else
-                          [f"gpu{g.index}" for g in self.hw.gpus[:self.nproc]], owner)
-
     @contextlib.contextmanager
     def _devices(self) -> Iterator[tuple[list[int], dict[str, str]]]:
         """Hold this machine's devices for one trial: the CPU, or a free block of --nproc GPUs
         (with CUDA_VISIBLE_DEVICES set to it when the worker was not given one). Yields the
         GPUs' NVML indices and the environment the trial needs."""
-        env: dict[str, str] = {}
-        indices: list[int] = []
-        lock = self.devices
-        if self.hw.device == "cuda":
-            visible = [g.index for g in self.hw.gpus]
-            if "CUDA_VISIBLE_DEVICES" in os.environ:
-                indices = visible[:self.nproc]  # the user chose the devices
-            else:
-                indices = free_block(gpu_blocks(visible, self.nproc))
-                # NVML numbers GPUs by PCI bus; CUDA does so too with this order set.
-                env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, indices)),
-                       "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-            lock = DeviceLock([f"gpu{i}" for i in indices], self.devices.owner)
+        names, indices, env = trial_devices(self.hw.device, [g.index for g in self.hw.gpus],
+                                            self.nproc)
+        lock = DeviceLock(names, self.device_owner)
         start = time.time()
         with lock.hold(on_wait=self.reporter.note):
             self.held = {"devices": lock.names, "waited_s": round(time.time() - start, 3),

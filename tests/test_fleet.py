@@ -192,9 +192,10 @@ def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_time
 
 def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.fleet import DeviceLock, free_block, gpu_blocks
+    from autotune.fleet import DeviceLock, free_block, gpu_blocks, trial_devices
 
     monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from autotune.fleet import DeviceLock\n"
         "with DeviceLock(['gpu0', 'gpu1'], 'worker A').hold():\n"
@@ -204,6 +205,13 @@ def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers
     assert gpu_blocks([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
     assert gpu_blocks([0, 1, 2], 4) == [[0, 1, 2]]
     assert free_block(gpu_blocks([0, 1, 2, 3], 2)) == [2, 3]  # A holds the first block
+    # What a tuner's trial and an agent's part of one take: that free block, made visible.
+    assert trial_devices("cuda", [0, 1, 2, 3], 2) == (
+        ["gpu2", "gpu3"], [2, 3],
+        {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert trial_devices("cpu", [], 2) == (["cpu"], [], {})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the user's choice stands
+    assert trial_devices("cuda", [0, 1], 2) == (["gpu0", "gpu1"], [0, 1], {})
     waits: list[str] = []
     started = time.monotonic()
     with DeviceLock(["gpu1"], "worker B").hold(on_wait=waits.append):
