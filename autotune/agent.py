@@ -24,8 +24,9 @@ from autotune import launch
 from autotune.errors import UsageError
 from autotune.fleet import DeviceLock, trial_devices
 from autotune.hardware import detect, hostname, process_identity
+from autotune.measurement import node_failure
 from autotune.profile import fingerprint_diff
-from autotune.study import NODE_TRIAL, open_storage, redact
+from autotune.study import NODE_REPORT, NODE_TRIAL, open_storage, redact
 
 POLL_S = 0.5
 
@@ -105,4 +106,12 @@ def _join(study: optuna.Study, doc: dict[str, Any], out_dir: Path, say: Callable
         raise KeyboardInterrupt
     how = "ended with the tuner's trial" if raw.stopped else (
         "timed out" if raw.timed_out else f"exit code {raw.returncode}")
+    failure = node_failure(raw, device)
+    if failure is not None:
+        how += f": {(failure.get('doc') or failure.get('death') or {}).get('reason')}"
     say(f"trial {trial_id}: {how} (log: {p.stderr_path})")
+    # How this part ended, for the tuner's record of the trial: the failed rank may be here.
+    with contextlib.suppress(Exception):
+        study.set_user_attr(f"{NODE_REPORT}:{hostname()}:{process_identity()['pid']}",
+                            {"id": trial_id, "host": hostname(), "failure": failure,
+                             "at": time.time()})

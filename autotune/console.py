@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from autotune.hardware import format_bytes
 from autotune.knobs import Config
@@ -31,10 +32,11 @@ def _minutes(seconds: float) -> str:
 
 
 class ConsoleReporter:
-    """Rich progress in a terminal, plain lines elsewhere."""
+    """Rich progress in a terminal, plain lines elsewhere. Every text is printed as written, never
+    read as rich markup: trial errors quote paths in brackets (gloo's ``[/.../pair.cc:537]``)."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, markup=False)
         if not self.console.is_terminal:
             # Logs and CI: one line per fact, never wrapped at 80 columns.
             self.console.soft_wrap = True
@@ -55,7 +57,7 @@ class ConsoleReporter:
     # -- Reporter protocol ----------------------------------------------------------------------
 
     def started(self, info: StartInfo) -> None:
-        p = self.console.print
+        p = self._plain
         self.start = time.monotonic()
         self.timeout_s, self.trials_target = info.timeout_s, info.trials
         self.done = info.done_before
@@ -81,9 +83,10 @@ class ConsoleReporter:
         if info.done_before:
             p(f"  resuming     {info.done_before} trial(s) already measured")
         if self.live:
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+            self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                                      TextColumn("{task.completed}/{task.total} trials"),
-                                     TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                                     TimeElapsedColumn(),
+                                     TextColumn("{task.fields[status]}", markup=False),
                                      console=self.console, transient=True)
             self.progress.start()
             self.task = self.progress.add_task("tuning", total=None, status="",
@@ -99,7 +102,7 @@ class ConsoleReporter:
             self.progress.update(self.task, description=self.current, total=total,
                                  status=f"{self._best_text()} | {self._eta_text()}")
         else:
-            self.console.print(f"{self.current} ... ({self._eta_text()})")
+            self._plain(f"{self.current} ... ({self._eta_text()})")
 
     def trial_event(self, event: dict[str, Any]) -> None:
         if self.progress is None or self.task is None:
@@ -140,12 +143,9 @@ class ConsoleReporter:
         else:
             what = f"{view.status}: {view.reason}"
         line = f"  #{view.number:<3} {view.config.describe():<44} {what}{tag}"
-        if self.progress is not None and self.task is not None:
-            if ran:
-                self.progress.advance(self.task)
-            self.progress.console.print(line)
-        else:
-            self.console.print(line)
+        if self.progress is not None and self.task is not None and ran:
+            self.progress.advance(self.task)
+        self._print(line)
 
     def confirming(self, round_index: int, rounds: int, candidate: Candidate,
                    measurement: Measurement) -> None:
@@ -163,15 +163,19 @@ class ConsoleReporter:
         self._print(f"  {line}")
 
     def _print(self, line: str) -> None:
+        """A line above the progress bar when there is one."""
         if self.progress is not None:
-            self.progress.console.print(line)
+            self.progress.console.print(line, markup=False, highlight=False)
         else:
-            self.console.print(line)
+            self._plain(line)
+
+    def _plain(self, *objects: Any) -> None:
+        self.console.print(*objects, markup=False, highlight=False)
 
     def finished(self, summary: RunSummary) -> None:
         if self.progress is not None:
             self.progress.stop()
-        p = self.console.print
+        p = self._plain
         ran = [t for t in summary.trials if t.reused_from is None]
         ruled_out = [t for t in ran if t.predicted]
         ran = [t for t in ran if not t.predicted]
@@ -200,7 +204,7 @@ class ConsoleReporter:
                 continue
             b = view.breakdown
             shares = ["data_wait", "comm_wait", "compute"] if multi else ["data_wait", "compute"]
-            table.add_row(name, view.config.describe(), f"{view.samples_per_sec:,.2f}",
+            table.add_row(name, Text(view.config.describe()), f"{view.samples_per_sec:,.2f}",
                           "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
                           format_bytes(view.peak_memory_bytes),
                           *(f"{b.get(k, 0) * 100:.0f}%" for k in shares),

@@ -269,6 +269,40 @@ def first_failure(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return doc
 
 
+def node_failure(raw: RawResult, device: str = "cpu") -> dict[str, Any] | None:
+    """What ``autotune agent`` publishes of its node's part of a trial across machines when it
+    failed: the report of its first failed rank (``doc``), or, for a rank that died without
+    writing one (a signal, the memory limit), the classified death (``death``). None when the
+    part ran through or was ended from outside (the tuner, a timeout, Ctrl-C)."""
+    if raw.stopped or raw.interrupted or raw.timed_out:
+        return None
+    if isinstance(raw.result, dict) and "failed_at" in raw.result:
+        return {"doc": raw.result}
+    if raw.returncode in (0, None) and not raw.killed_for_memory:
+        return None
+    m = classify(raw, device)
+    return {"death": {"status": m.status, "reason": m.reason}} if m.status != "ok" else None
+
+
+def node_cause(local: dict[str, Any] | None,
+               reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report that names the cause of a failed trial across machines, from this node's
+    (``local``: its first failed rank's report) and the other nodes' agents' ``node_failure``
+    reports (with their ``host``). A rank that died on another node without a report outranks
+    every written one, as on one machine; else the earliest failure, wherever it happened: the
+    other ranks' errors (a peer closing the connection) are its consequences."""
+    for r in reports:
+        death = r.get("death")
+        if death and local is not None:
+            return {**local, "status": death["status"],
+                    "reason": f"{death['reason']} (on {r.get('host')})"}
+    docs = [{**r["doc"], "reason": f"{r['doc'].get('reason')} (on {r.get('host')})"}
+            for r in reports if isinstance(r.get("doc"), dict) and "failed_at" in r["doc"]]
+    if local is not None and "failed_at" in local:
+        docs.append(local)
+    return min(docs, key=lambda d: float(d["failed_at"])) if docs else local
+
+
 def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     """Map a finished trial process to ok / oom / timeout / error, with the reason.
 

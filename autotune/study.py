@@ -48,7 +48,9 @@ from autotune.measurement import (
     TOO_SLOW,
     TRIAL_TIMEOUT,
     Measurement,
+    RawResult,
     classify,
+    node_cause,
 )
 from autotune.monitor import GpuMonitor
 from autotune.profile import Profile, fingerprint_diff
@@ -87,6 +89,8 @@ STORAGE_ATTEMPTS = 5
 RUNNING_TWIN_POLL_S = 1.0
 JOURNAL = "journal:///"  # Optuna's journal file storage: for clusters that share only files
 NODE_TRIAL = "node_trial"  # the study attribute through which other nodes' agents join trials
+NODE_REPORT = "node_report"  # prefix of the attributes where agents say how their part ended
+NODE_REPORT_WAIT_S = 10.0  # how long a failed trial across machines waits for those reports
 TPE_STARTUP_TRIALS = 5
 MAX_TWINS_IN_A_ROW = 20
 CONFIRM_SHARE = 0.4  # at most this share of a --timeout is kept for the confirmation
@@ -640,6 +644,28 @@ class Runner:
                 self.study.set_user_attr(NODE_TRIAL, {"id": p.rdzv_id, "state": "done",
                                                       "at": time.time()})
 
+    def _with_other_nodes(self, p: launch.TrialPlan, raw: RawResult) -> RawResult:
+        """A failed trial across machines started by agents, with its cause found on whichever
+        node it happened: this node's ranks often only see a peer close the connection, while
+        the rank that failed wrote its report on another machine. Its agent publishes that on
+        the study (autotune.agent); this waits up to NODE_REPORT_WAIT_S for every agent's word."""
+        local = raw.result
+        failed = local is None or "failed_at" in local
+        if self.nodes is None or self.nodes.template is not None or not failed \
+                or raw.interrupted or raw.stopped or raw.timed_out or raw.killed_for_memory:
+            return raw
+        deadline = time.monotonic() + NODE_REPORT_WAIT_S
+        while True:
+            attrs = self.study.user_attrs  # read anew from the storage each time
+            reports = [v for k, v in attrs.items() if k.startswith(f"{NODE_REPORT}:")
+                       and isinstance(v, dict) and v.get("id") == p.rdzv_id]
+            if len(reports) >= self.nodes.count - 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        cause = node_cause(local, [{**r["failure"], "host": r.get("host")} for r in reports
+                                   if isinstance(r.get("failure"), dict)])
+        return raw if cause is local else replace(raw, result=cause)
+
     def _close_nodes(self) -> None:
         """Tell the other nodes' agents that this run has ended."""
         if self.nodes is not None and self.nodes.template is None:
@@ -884,10 +910,11 @@ class Runner:
                 rdzv_id=f"{self.study_name}-{workdir.parent.name}-{workdir.name}")
             monitor = GpuMonitor(gpus) if self.hw.device == "cuda" else None
             with self._published(p):
-                m = classify(launch.execute(
+                raw = launch.execute(
                     p, on_event=on_event,
                     should_stop=(lambda: prune_reason(rates, prune_below_best))
-                    if prune_below_best else None, monitor=monitor), self.hw.device)
+                    if prune_below_best else None, monitor=monitor)
+            m = classify(self._with_other_nodes(p, raw), self.hw.device)
         if flops is None and m.flops_source == COUNTED:
             # Counted once per study; every later trial is measured against the same figure.
             self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,

@@ -135,36 +135,59 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
         optuna.delete_study(study_name=name, storage=postgres_url)
 
 
-def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """Two torchrun agents, the tuner's and `autotune agent`'s, meet at a c10d rendezvous on
-    127.0.0.1 and run one gloo trial of two ranks; the tuner's node writes the one result. The
-    'nodes' get separate device-lock directories, as separate machines have, and share a journal
-    file as their storage."""
+def two_nodes(tmp_path: Path, study: str, *args: str,
+              ) -> tuple[subprocess.CompletedProcess[str], str, optuna.trial.FrozenTrial]:
+    """The tuner and `autotune agent` as two 'nodes' on 127.0.0.1: separate device-lock
+    directories, as separate machines have, and one journal file as their storage. Returns the
+    tuner's run, the agent's output and the study's one recorded trial."""
+    from autotune.study import open_storage
+
     endpoint = f"127.0.0.1:{free_port()}"
     db = f"journal:///{tmp_path}/journal.log"  # the storage for clusters sharing only files
-    common = ("--storage", db, "--study", "two-nodes")
+    common = ("--storage", db, "--study", study)
     agent = start(tmp_path, "agent", *common, "--out", "node1",
                   env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks1")})
     try:
-        run = autotune("run", "--model", "mlp", "--nnodes", "2", "--nproc", "1",
-                       "--rdzv-endpoint", endpoint, "--trials", "1", *common, *FAST,
-                       cwd=tmp_path, env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks0")})
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        run = autotune("run", *args, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint",
+                       endpoint, "--trials", "1", *common, *FAST, cwd=tmp_path,
+                       env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks0")})
         out, err = agent.communicate(timeout=60)
     finally:
         if agent.poll() is None:
             agent.kill()
     assert agent.returncode == 0, err
     assert "1 trial(s) joined" in out
-    from autotune.study import open_storage
+    (trial,) = recorded(optuna.load_study(study_name=study, storage=open_storage(db)))
+    return run, out, trial
 
-    (trial,) = recorded(optuna.load_study(study_name="two-nodes", storage=open_storage(db)))
+
+def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
+    """Two torchrun agents, the tuner's and `autotune agent`'s, meet at a c10d rendezvous on
+    127.0.0.1 and run one gloo trial of two ranks; the tuner's node writes the one result."""
+    run, _, trial = two_nodes(tmp_path, "two-nodes", "--model", "mlp")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     result = trial.user_attrs["measurement"]
     assert trial.user_attrs["status"] == "ok" and trial.user_attrs["config"]["world_size"] == 2
     # Both nodes' ranks measured, merged into one result by the slowest-rank rule.
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     assert result["samples_per_sec"] > 0 and len(result["windows"]) >= 3
     assert list((tmp_path / "node1").glob("*/stderr.log"))  # the agent's own log
+
+
+def test_a_rank_failing_on_another_node_is_named_as_the_cause(tmp_path: Path) -> None:
+    """The tuner's rank only sees its peer close the connection; the agent publishes its own
+    rank's report, and the trial's reason is that one, with the node it happened on."""
+    from autotune.hardware import hostname
+
+    run, out, trial = two_nodes(
+        tmp_path, "remote-crash", "--model", "autotune.testing.workloads:crash", "--param",
+        "elsewhere=true", "--param", "after=2", "--param", "message=boom on the far node")
+    assert run.returncode == 1 and "internal error" not in run.stderr, run.stderr[-3000:]
+    reason = trial.user_attrs["reason"]
+    assert trial.user_attrs["status"] == "error"
+    assert re.fullmatch(rf"rank \d: ValueError: boom on the far node \(on {hostname()}\)",
+                        reason), reason
+    assert "boom on the far node" in out  # the agent says it too
 
 
 def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_timeout(

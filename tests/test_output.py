@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -32,3 +33,29 @@ def test_plain_output_is_line_oriented(workdir: Path) -> None:
     assert any(ln.startswith("trial 1/2 (baseline): ") for ln in lines)
     assert any(ln.startswith("  #1 ") for ln in lines)
     assert any(ln.startswith("dashboard: ") and ln.endswith("dashboard.html") for ln in lines)
+
+
+# What gloo writes when a peer goes away: a source path in brackets, which rich would read as a
+# closing markup tag (the tuner once died of a MarkupError printing it).
+GLOO = "[/w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Connection closed by peer"
+
+
+def test_a_trials_error_prints_as_written_and_the_tuner_goes_on(workdir: Path) -> None:
+    out = autotune("run", "--model", "autotune.testing.workloads:crash", "--param",
+                   f"message={GLOO} [bold]", "--trials", "1", *FAST, cwd=workdir)
+    assert "internal error" not in out.stderr, out.stderr
+    assert out.returncode == 1, out.stderr  # its one trial failed: nothing was measured
+    assert f"{GLOO} [bold]" in out.stdout
+
+
+def test_notes_and_reasons_are_not_markup_in_a_terminal() -> None:
+    """The terminal reporter (progress bar, table) takes every text as written."""
+    from rich.console import Console
+
+    from autotune.console import ConsoleReporter
+
+    for terminal in (True, False):
+        buffer = io.StringIO()
+        reporter = ConsoleReporter(Console(file=buffer, force_terminal=terminal, width=200))
+        reporter.note(f"{GLOO} [red]")
+        assert f"{GLOO} [red]" in buffer.getvalue()
