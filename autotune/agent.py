@@ -22,7 +22,7 @@ import optuna
 
 from autotune import launch
 from autotune.errors import UsageError
-from autotune.fleet import DeviceLock, trial_devices
+from autotune.fleet import DeviceLock, study_lock, trial_devices
 from autotune.hardware import detect, hostname, process_identity
 from autotune.measurement import node_failure
 from autotune.profile import fingerprint_diff
@@ -65,7 +65,10 @@ def _wait_for_study(storage: Any, name: str, deadline: float, say: Callable[[str
     told = False
     while True:
         try:
-            return optuna.load_study(study_name=name, storage=storage)
+            # Under the study lock, as the tuner creates the study and its attributes: a study
+            # found here has its fingerprint, so the hardware check below never skips.
+            with study_lock(url, name):
+                return optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             if time.time() > deadline:
                 raise UsageError(f"no study {name!r} in {redact(url)} appeared; start the "

@@ -263,6 +263,20 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "studies").exists()  # refused before anything was created
 
 
+def test_an_agent_on_other_hardware_is_refused(tmp_path: Path) -> None:
+    """An agent's ranks would measure on another kind of machine: one line, exit 2."""
+    from autotune.hardware import detect
+
+    db = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(study_name="s", storage=db)
+    study.set_user_attr("fingerprint", {**detect().fingerprint(), "cpu_model": "Other CPU"})
+    out = autotune("agent", "--storage", db, "--study", "s", "--wait", "5s", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "study s was measured on other hardware (cpu_model: 'Other CPU'" in out.stderr
+    missing = autotune("agent", "--storage", db, "--study", "nope", "--wait", "1s", cwd=tmp_path)
+    assert missing.returncode == 2 and "no study 'nope'" in missing.stderr
+
+
 def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
         tmp_path: Path) -> None:
     """A journal file has no heartbeat of Optuna's: autotune's own `alive_at` decides."""
