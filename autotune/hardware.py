@@ -119,17 +119,23 @@ class Hardware:
         return data
 
 
-def _cpu_info() -> tuple[str, bool]:
-    model = platform.processor() or platform.machine()
+def _cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo's fields as the first processor lists them; empty where unreadable."""
+    found: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
+                if not line.strip():
+                    break  # the end of the first processor's block
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                    break
+                found.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return found
+
+
+def _cpu_info() -> tuple[str, bool]:
+    model = _cpuinfo().get("model name") or platform.processor() or platform.machine()
     # x86: avx512_bf16 or AMX; Arm: the bf16 feature flag.
     bf16 = bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
     return model or "unknown", bf16
@@ -137,33 +143,16 @@ def _cpu_info() -> tuple[str, bool]:
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (``avx512f``, ``amx_bf16``, ...), empty where unreadable."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
-    except OSError:
-        pass
-    return set()
+    info = _cpuinfo()
+    return set((info.get("flags") or info.get("Features") or "").split())
 
 
 def cpu_vendor_family() -> tuple[str | None, int | None]:
-    """/proc/cpuinfo's ``vendor_id`` and ``cpu family`` (``AuthenticAMD``, 25), None where
-    unreadable: what tells a Zen 4 (AVX-512 on 256-bit units) from a Zen 5."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("vendor_id", "cpu family"):
-                    found.setdefault(key.strip(), value.strip())
-                if len(found) == 2 or not line.strip():
-                    break
-    except OSError:
-        pass
-    family = found.get("cpu family", "")
-    return found.get("vendor_id"), int(family) if family.isdigit() else None
+    """``vendor_id`` and ``cpu family`` (``AuthenticAMD``, 25), None where unreadable: what
+    tells a Zen 4 (AVX-512 on 256-bit units) from a Zen 5."""
+    info = _cpuinfo()
+    family = info.get("cpu family", "")
+    return info.get("vendor_id"), int(family) if family.isdigit() else None
 
 
 def cpu_max_mhz() -> float | None:
@@ -173,14 +162,9 @@ def cpu_max_mhz() -> float | None:
     except (OSError, ValueError):
         pass
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "cpu MHz":
-                    return float(value)
-    except (OSError, ValueError):
-        pass
-    return None
+        return float(_cpuinfo()["cpu MHz"])
+    except (KeyError, ValueError):
+        return None
 
 
 def numa_nodes() -> int:
