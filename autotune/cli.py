@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import signal
 from collections import Counter
 from collections.abc import Callable
@@ -61,21 +60,16 @@ def guarded(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
-
-
 def parse_duration(text: str | None, flag: str) -> float | None:
-    """``90``, ``90s``, ``10m``, ``1h30m`` -> seconds."""
+    """``90``, ``90s``, ``10m``, ``1h30m`` -> seconds; None for None."""
+    from autotune.units import parse_duration as parse
+
     if text is None:
         return None
-    match = _DURATION.match(text.strip().lower())
-    if not text.strip() or match is None or not any(match.groups()):
-        raise UsageError(f"{flag} must be a duration like 90s, 10m or 1h30m, got {text!r}")
-    h, m, s = (float(g) if g else 0.0 for g in match.groups())
-    seconds = h * 3600 + m * 60 + s
-    if seconds <= 0:
-        raise UsageError(f"{flag} must be positive, got {text!r}")
-    return seconds
+    try:
+        return parse(text, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _sigterm_as_interrupt() -> None:
@@ -155,8 +149,8 @@ def run(
 ) -> None:
     """Tune a workload on this machine and export the winner as a profile."""
     from autotune.console import ConsoleReporter, JsonReporter
-    from autotune.study import RunOptions
-    from autotune.study import run as run_study
+    from autotune.tuner.runner import RunOptions
+    from autotune.tuner.runner import run as run_study
     from autotune.workloads import parse_params
 
     if trial_seconds <= 0 or window_seconds <= 0:
@@ -205,7 +199,7 @@ def agent(
     """Run this machine's part of trials across machines: start with `autotune run --nnodes N
     --rdzv-endpoint HOST:PORT --storage URL --study NAME` on one machine, and this on each other
     one; it joins every trial until the tuner's run ends."""
-    from autotune.agent import serve
+    from autotune.tuner.agent import serve
 
     _sigterm_as_interrupt()
     serve(storage, study, out, lambda line: print(line, flush=True),
@@ -228,8 +222,8 @@ def probe_command(
     memory bandwidth, matmul/GEMM peaks and all-reduce, each against its theoretical peak."""
     import json
 
-    from autotune.hardware import detect
-    from autotune.probe import cache_path, cached, probe, render
+    from autotune.machine.hardware import detect
+    from autotune.machine.probe import cache_path, cached, probe, render
 
     hw = detect()
     fresh = refresh or cached(hw) is None
@@ -253,7 +247,7 @@ def list_(debug: Debug = False) -> None:
     """Print the built-in workloads and search spaces."""
     import yaml
 
-    from autotune.space import builtin_spaces
+    from autotune.config.space import builtin_spaces
     from autotune.workloads import builtin_workloads, describe_builtin
 
     typer.echo("workloads (--model):")
@@ -397,14 +391,14 @@ def profile_check(
 ) -> None:
     """Measure the profile's config again on this machine; exit 1 if it is slower than
     --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
-    from autotune.bench import DEFAULT_MEASURE
-    from autotune.check import check_profile
-    from autotune.hardware import detect, format_bytes
+    from autotune.machine.hardware import detect
+    from autotune.trial.spec import MeasureSettings
+    from autotune.tuner.check import check_profile
+    from autotune.units import format_bytes
 
     profile = _load(path)
     hw = detect()
-    measure = {**DEFAULT_MEASURE, **(profile.result.get("measure") or {})}
-    budget = float(measure["max_seconds"])
+    budget = MeasureSettings.from_dict(profile.result.get("measure"), strict=False).max_seconds
     typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
                f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
                f"{profile.samples_per_sec:,.2f} samples/s")

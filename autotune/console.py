@@ -12,12 +12,12 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 from rich.text import Text
 
-from autotune.hardware import format_bytes
-from autotune.knobs import Config
-from autotune.measurement import Measurement
-from autotune.results import TrialView
-from autotune.search import Candidate
-from autotune.study import RunSummary, StartInfo
+from autotune.config.knobs import Config
+from autotune.trial.measurement import Measurement
+from autotune.tuner.results import TrialView
+from autotune.tuner.runner import RunSummary, StartInfo
+from autotune.tuner.search import Candidate
+from autotune.units import format_bytes
 
 
 def _rate(value: float | None, cv: float | None = None) -> str:

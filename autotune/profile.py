@@ -19,14 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune.config.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
+from autotune.config.knobs import Config
 from autotune.errors import ProfileError
-from autotune.knobs import (
-    Config,
-    autocast_dtype,
-    ddp_kwargs,
-    loader_kwargs,
-    uses_grad_scaler,
-)
 
 if TYPE_CHECKING:
     import torch
@@ -202,7 +197,8 @@ class Profile:
 
     def summary(self) -> str:
         """A few lines for a human: what was tuned, what it measured, against what, where."""
-        from autotune.hardware import describe_fingerprint, format_bytes
+        from autotune.machine.hardware import describe_fingerprint
+        from autotune.units import format_bytes
 
         c, r, fp = self.config, self.result, self.fingerprint
         params = self.workload.get("params") or {}
@@ -356,7 +352,7 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
                            "re-export it") from None
     profile = from_dict(data, str(path))
     if check_fingerprint:
-        from autotune.hardware import detect
+        from autotune.machine.hardware import detect
 
         differs = fingerprint_diff(profile.fingerprint, detect().fingerprint())
         if differs:

@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.hardware import describe_fingerprint, format_bytes
-from autotune.results import (
+from autotune.machine.hardware import describe_fingerprint
+from autotune.tuner.results import (
     TrialView,
     confirmed,
     confirmed_winner,
@@ -25,6 +25,7 @@ from autotune.results import (
     recorded,
     view,
 )
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import optuna
@@ -122,7 +123,7 @@ def open_existing(storage_url: str) -> optuna.storages.BaseStorage:
     """Open a storage to read; a SQLite or journal file that is not there is an error, not a
     new file."""
     from autotune.errors import UsageError
-    from autotune.study import open_storage
+    from autotune.tuner.runner import open_storage
 
     for scheme in ("sqlite:///", "journal:///"):
         path = storage_url[len(scheme):]
@@ -138,7 +139,7 @@ def load_for_dashboard(storage_url: str, study_name: str | None) -> tuple[optuna
     import optuna
 
     from autotune.errors import UsageError
-    from autotune.study import redact
+    from autotune.tuner.runner import redact
 
     storage = open_existing(storage_url)
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
@@ -163,7 +164,7 @@ def list_studies(storage_url: str) -> list[dict[str, Any]]:
     """One row per study: measured trials, best samples/sec, speedup, last activity."""
     import optuna
 
-    from autotune.results import measured
+    from autotune.tuner.results import measured
 
     storage = open_existing(storage_url)
     rows = []

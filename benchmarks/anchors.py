@@ -25,12 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from search_efficiency import GRIDS  # noqa: E402
 
-from autotune.hardware import detect  # noqa: E402
-from autotune.knobs import Config  # noqa: E402
-from autotune.launch import execute, plan  # noqa: E402
-from autotune.measurement import classify  # noqa: E402
+from autotune.config.knobs import Config  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
 from autotune.profile import load_profile  # noqa: E402
-from autotune.workloads import resolve  # noqa: E402
+from autotune.trial.launch import execute, plan  # noqa: E402
+from autotune.trial.measurement import classify  # noqa: E402
+from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.workloads import (
+    WorkloadSpec,  # noqa: E402
+    resolve,  # noqa: E402
+)
 
 
 def accelerate_pick(grid: dict[str, Any]) -> int:
@@ -72,9 +76,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for name, config in (("accelerate", theirs), ("autotune", ours)):
-                p = plan(workload={"spec": grid["spec"], "params": grid["params"]},
-                         config=config, device=hw.device, workdir=Path(tmp) / f"{r}-{name}",
-                         timeout_s=180, measure=grid["measure"])
+                p = plan(TrialSpec(WorkloadSpec(grid["spec"], grid["params"]), config,
+                                   device=hw.device,
+                                   measure=MeasureSettings.from_dict(grid["measure"])),
+                         workdir=Path(tmp) / f"{r}-{name}", timeout_s=180)
                 m = classify(execute(p), hw.device)
                 if m.ok and m.samples_per_sec:
                     rates[name].append(m.samples_per_sec)

@@ -29,11 +29,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.hardware import detect  # noqa: E402
-from autotune.knobs import Config  # noqa: E402
-from autotune.launch import execute, plan  # noqa: E402
-from autotune.measurement import classify  # noqa: E402
-from autotune.workloads import parse_params  # noqa: E402
+from autotune.config.knobs import Config  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
+from autotune.trial.launch import execute, plan  # noqa: E402
+from autotune.trial.measurement import classify  # noqa: E402
+from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.workloads import (
+    WorkloadSpec,  # noqa: E402
+    parse_params,  # noqa: E402
+)
 
 
 def main() -> int:
@@ -61,9 +65,10 @@ def main() -> int:
                               "hardware": hw.describe(), "nproc": args.nproc}
 
     def trial(tmp: Path, name: str, config: Config, **measure: Any) -> dict[str, Any]:
-        p = plan(workload={"spec": args.model, "params": params}, config=config,
-                 device=hw.device, workdir=tmp / name, timeout_s=max(300, 4 * args.trial_seconds),
-                 measure={"max_seconds": args.trial_seconds, **measure})
+        p = plan(TrialSpec(WorkloadSpec(args.model, params), config, device=hw.device,
+                           measure=MeasureSettings.from_dict(
+                               {"max_seconds": args.trial_seconds, **measure})),
+                 workdir=tmp / name, timeout_s=max(300, 4 * args.trial_seconds))
         m = classify(execute(p), hw.device)
         row = {"name": name, "status": m.status, "reason": m.reason,
                "samples_per_sec": m.samples_per_sec, "spread_cv": m.spread_cv,

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-import autotune.study as study_module  # noqa: E402
+import autotune.tuner.runner as study_module  # noqa: E402
 from autotune.console import QuietReporter  # noqa: E402
-from autotune.study import Runner, RunOptions  # noqa: E402
+from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
 
 FAST = {"max_seconds": 3.0, "min_window_s": 0.1}
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.hardware import detect  # noqa: E402
-from autotune.knobs import Config  # noqa: E402
-from autotune.launch import execute, plan  # noqa: E402
-from autotune.measurement import classify  # noqa: E402
+from autotune.config.knobs import Config  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
+from autotune.trial.launch import execute, plan  # noqa: E402
+from autotune.trial.measurement import classify  # noqa: E402
+from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.workloads import WorkloadSpec  # noqa: E402
 
 
 def main() -> int:
@@ -41,9 +43,9 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
-            p = plan(workload={"spec": args.model, "params": {}}, config=config,
-                     device=hw.device, workdir=Path(tmp) / str(i), timeout_s=300,
-                     measure={"max_seconds": args.trial_seconds})
+            p = plan(TrialSpec(WorkloadSpec(args.model, {}), config, device=hw.device,
+                               measure=MeasureSettings(max_seconds=args.trial_seconds)),
+                     workdir=Path(tmp) / str(i), timeout_s=300)
             m = classify(execute(p), hw.device)
             runs.append({"status": m.status, "samples_per_sec": m.samples_per_sec,
                          "in_trial_cv": m.spread_cv, "windows": len(m.windows),

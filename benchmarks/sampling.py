@@ -22,10 +22,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import autotune.launch as launch  # noqa: E402
-from autotune.hardware import detect  # noqa: E402
-from autotune.knobs import Config  # noqa: E402
-from autotune.measurement import classify  # noqa: E402
+import autotune.trial.launch as launch  # noqa: E402
+from autotune.config.knobs import Config  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
+from autotune.trial.measurement import classify  # noqa: E402
+from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.workloads import WorkloadSpec  # noqa: E402
 
 
 class EveryPss(launch.TreeMemory):
@@ -64,12 +66,12 @@ def main() -> int:
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 launch.TreeMemory = WAYS[name]  # type: ignore[misc]  # what execute() builds
-                p = launch.plan(workload={"spec": args.model, "params": {}}, config=config,
-                                device=hw.device, workdir=Path(tmp) / f"{r}-{name}",
-                                timeout_s=args.trial_seconds * 4,
-                                measure={"max_seconds": args.trial_seconds,
-                                         "min_window_s": args.trial_seconds / 12,
-                                         "target_cv": 0.0})
+                p = launch.plan(TrialSpec(WorkloadSpec(args.model, {}), config, device=hw.device,
+                                          measure=MeasureSettings(
+                                              max_seconds=args.trial_seconds,
+                                              min_window_s=args.trial_seconds / 12,
+                                              target_cv=0.0)),
+                                workdir=Path(tmp) / f"{r}-{name}", timeout_s=args.trial_seconds * 4)
                 m = classify(launch.execute(p), hw.device)
                 runs[name].append({"status": m.status, "samples_per_sec": m.samples_per_sec,
                                    "peak_memory_bytes": m.peak_memory_bytes})

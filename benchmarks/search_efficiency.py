@@ -47,14 +47,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
+from autotune.config.knobs import Config  # noqa: E402
 from autotune.console import QuietReporter  # noqa: E402
-from autotune.hardware import detect  # noqa: E402
-from autotune.knobs import Config  # noqa: E402
-from autotune.launch import execute, plan  # noqa: E402
-from autotune.measurement import PRUNED, Measurement, classify, median_and_cv  # noqa: E402
-from autotune.search import prune_reason  # noqa: E402
-from autotune.study import Runner, RunOptions  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
 from autotune.testing.hardware import fake_cpu  # noqa: E402
+from autotune.trial.launch import execute, plan  # noqa: E402
+from autotune.trial.measurement import PRUNED, Measurement, classify, median_and_cv  # noqa: E402
+from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
+from autotune.tuner.search import prune_reason  # noqa: E402
+from autotune.workloads import WorkloadSpec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -95,8 +97,9 @@ def grid_configs(grid: dict[str, Any]) -> list[Config]:
 
 
 def _measure_one(grid: dict[str, Any], config: Config, device: str, tmp: Path) -> dict[str, Any]:
-    p = plan(workload={"spec": grid["spec"], "params": grid["params"]}, config=config,
-             device=device, workdir=tmp, timeout_s=180, measure=grid["measure"])
+    p = plan(TrialSpec(WorkloadSpec(grid["spec"], grid["params"]), config, device=device,
+                       measure=MeasureSettings.from_dict(grid["measure"])),
+             workdir=tmp, timeout_s=180)
     m = classify(execute(p), device)
     return {"status": m.status, "reason": m.reason, "samples_per_sec": m.samples_per_sec,
             "spread_cv": m.spread_cv, "peak_memory_bytes": m.peak_memory_bytes,

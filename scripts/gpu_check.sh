@@ -22,9 +22,9 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
   echo "gpu tests rc=$?" >> "$S"
   # NCCL here: its version and what the default space keeps of the NCCL knobs for 2 ranks.
   python3 - >> "$S" 2>&1 <<'PY'
-from autotune.hardware import detect
-from autotune.knobs import Config
-from autotune.space import load_space, narrow
+from autotune.machine.hardware import detect
+from autotune.config.knobs import Config
+from autotune.config.space import load_space, narrow
 hw = detect()
 print("nccl", hw.nccl_version, "gpus", len(hw.gpus))
 space = narrow(load_space("default"), hw, 2, Config(world_size=2))

@@ -24,9 +24,11 @@ FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "6
 
 def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a real subprocess."""
+    """Run the real CLI in a real subprocess; with ``AUTOTUNE_FAKE_NVML`` in ``env``, on the
+    made-up machine that file describes (``python -m autotune.testing``)."""
+    entry = "autotune.testing" if env and "AUTOTUNE_FAKE_NVML" in env else "autotune"
     return subprocess.run(
-        [sys.executable, "-m", "autotune", *args], cwd=cwd, capture_output=True, text=True,
+        [sys.executable, "-m", entry, *args], cwd=cwd, capture_output=True, text=True,
         timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 

@@ -21,9 +21,11 @@ import psutil
 import pytest
 import yaml
 
-from autotune.knobs import Config
-from autotune.launch import TRIAL_TOKEN, execute, plan, trial_processes
-from autotune.measurement import Measurement, classify
+from autotune.config.knobs import Config
+from autotune.trial.launch import TRIAL_TOKEN, execute, plan, trial_processes
+from autotune.trial.measurement import Measurement, classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec
 
 from .conftest import FAST, ROOT, autotune
 
@@ -33,9 +35,9 @@ MEASURE = {"min_window_s": 0.05, "max_seconds": 3.0, "max_windows": 4}
 def _trial(tmp_path: Path, spec: str, config: Config, params: dict[str, Any] | None = None,
            timeout: float = 90, measure: dict[str, Any] | None = None,
            extra_env: dict[str, str] | None = None) -> tuple[Measurement, float]:
-    p = plan(workload={"spec": spec, "params": params or {}}, config=config, device="cpu",
-             workdir=tmp_path, timeout_s=timeout, measure={**MEASURE, **(measure or {})},
-             extra_env=extra_env)
+    p = plan(TrialSpec(WorkloadSpec(spec, params or {}), config, device="cpu",
+                       measure=MeasureSettings.from_dict({**MEASURE, **(measure or {})})),
+             workdir=tmp_path, timeout_s=timeout, extra_env=extra_env)
     start = time.monotonic()
     raw = execute(p)
     wall = time.monotonic() - start
@@ -118,10 +120,11 @@ def test_a_rank_killed_by_a_signal_is_the_cause_not_its_peers_errors(tmp_path: P
 
 
 def test_a_rank_that_runs_out_of_memory_makes_the_trial_an_oom(tmp_path: Path) -> None:
-    p = plan(workload={"spec": "autotune.testing.workloads:memhog",
-                       "params": {"mib_per_sample": 2048, "rank": 1}},
-             config=Config(micro_batch_size=4, world_size=2), device="cpu", workdir=tmp_path,
-             timeout_s=90, measure=MEASURE, address_space_bytes=6 * 2**30)
+    p = plan(TrialSpec(WorkloadSpec("autotune.testing.workloads:memhog",
+                                    {"mib_per_sample": 2048, "rank": 1}),
+                       Config(micro_batch_size=4, world_size=2), device="cpu",
+                       address_space_bytes=6 * 2**30, measure=MeasureSettings.from_dict(MEASURE)),
+             workdir=tmp_path, timeout_s=90)
     m = classify(execute(p))
     assert m.status == "oom" and (m.reason or "").startswith("rank 1: "), m.reason
     assert trial_processes(p.env[TRIAL_TOKEN], -1) == []
@@ -154,7 +157,7 @@ def test_killing_the_tuner_takes_the_ranks_with_it(tmp_path: Path) -> None:
         while time.monotonic() < deadline and len(ranks) < 2:
             time.sleep(0.5)
             ranks = [q.pid for q in psutil.process_iter(["cmdline"])
-                     if "autotune.bench" in " ".join(q.info["cmdline"] or [])
+                     if "autotune.trial.bench" in " ".join(q.info["cmdline"] or [])
                      and "torch.distributed.run" not in " ".join(q.info["cmdline"] or [])
                      and str(tmp_path) in " ".join(q.info["cmdline"] or [])]
         assert len(ranks) == 2, "the ranks did not start"
@@ -206,7 +209,7 @@ def test_global_batch_keeps_the_training_semantics(workdir: Path) -> None:
 
 def test_resuming_with_other_ranks_is_refused(workdir: Path) -> None:
     from autotune.errors import UsageError
-    from autotune.study import Runner, RunOptions
+    from autotune.tuner.runner import Runner, RunOptions
 
     def runner(**kw: Any) -> Runner:
         return Runner(RunOptions(model="autotune.testing.workloads:tiny", study_name="s",

@@ -3,6 +3,7 @@ and the diagnosis rules on crafted measurements."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,14 @@ import pytest
 import torch
 import yaml
 
-from autotune.bench import COUNTED, _flops, count_flops
-from autotune.diagnosis import KINDS, diagnose, mfu
-from autotune.knobs import Config
-from autotune.launch import execute, plan
-from autotune.measurement import classify
-from autotune.results import larger_over_limit
-from autotune.workloads import resolve
+from autotune.config.knobs import Config
+from autotune.trial.bench.flops import count_flops, flops_for
+from autotune.trial.launch import execute, plan
+from autotune.trial.measurement import classify
+from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
+from autotune.tuner.diagnosis import KINDS, diagnose, mfu
+from autotune.tuner.results import larger_over_limit
+from autotune.workloads import WorkloadSpec, resolve
 
 GIB = 2**30
 
@@ -40,26 +42,24 @@ def test_counted_flops_of_mlp_match_the_hand_count(shape: dict[str, int]) -> Non
 
 
 def test_a_trial_counts_flops_when_asked_and_reuses_a_given_figure(tmp_path: Path) -> None:
-    kw: dict[str, Any] = dict(workload={"spec": "mlp"}, config=Config(micro_batch_size=32),
-                              device="cpu", timeout_s=60,
-                              measure={"min_window_s": 0.05, "max_seconds": 1.5})
-    counted = classify(execute(plan(workdir=tmp_path / "a", count_flops=True, **kw)))
+    spec = TrialSpec(WorkloadSpec("mlp", {}), Config(micro_batch_size=32), "cpu",
+                     MeasureSettings(min_window_s=0.05, max_seconds=1.5))
+    counted = classify(execute(plan(replace(spec, count_flops=True), workdir=tmp_path / "a",
+                                    timeout_s=60)))
     assert counted.ok and counted.flops_source == COUNTED
     assert counted.flops_per_sample == mlp_flops()
     assert counted.tflops == pytest.approx(counted.samples_per_sec * mlp_flops() / 1e12)
     # The study's figure wins: nothing is counted again.
     w = resolve("mlp")
-    result: dict[str, Any] = {}
-    _flops({"count_flops": True, "flops": {"per_sample": 1e6, "source": COUNTED}}, w, None,
-           None, torch.device("cpu"), None, result)
+    given = replace(spec, count_flops=True, flops_per_sample=1e6, flops_source=COUNTED)
+    result = flops_for(given, w, None, None, torch.device("cpu"), None)
     assert result == {"flops_per_sample": 1e6, "flops_source": COUNTED}
     # Not asked to count, or counting failed: the workload's own estimate.
-    result = {}
-    _flops({}, w, w.build_model(), w.build_dataset(), torch.device("cpu"), None, result)
+    result = flops_for(spec, w, w.build_model(), w.build_dataset(), torch.device("cpu"), None)
     assert result == {"flops_per_sample": w.flops_per_sample(),
                       "flops_source": "workload.flops_per_sample"}
-    result = {}
-    _flops({"count_flops": True}, w, None, w.build_dataset(), torch.device("cpu"), None, result)
+    result = flops_for(replace(spec, count_flops=True), w, None, w.build_dataset(),
+                       torch.device("cpu"), None)
     assert result["flops_source"] == "workload.flops_per_sample"
     assert "NoneType" in result["flops_count_error"]
 

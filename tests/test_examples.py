@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.knobs import Config
+from autotune.config.knobs import Config
 from autotune.profile import load_profile
 from tests.conftest import ROOT, autotune
 

@@ -21,8 +21,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.profile import load_profile
-from autotune.results import measured
-from autotune.study import recorded
+from autotune.tuner.results import measured
+from autotune.tuner.runner import recorded
 from tests.conftest import FAST, ROOT, autotune
 
 pytestmark = pytest.mark.slow
@@ -140,7 +140,7 @@ def two_nodes(tmp_path: Path, study: str, *args: str,
     """The tuner and `autotune agent` as two 'nodes' on 127.0.0.1: separate device-lock
     directories, as separate machines have, and one journal file as their storage. Returns the
     tuner's run, the agent's output and the study's one recorded trial."""
-    from autotune.study import open_storage
+    from autotune.tuner.runner import open_storage
 
     endpoint = f"127.0.0.1:{free_port()}"
     db = f"journal:///{tmp_path}/journal.log"  # the storage for clusters sharing only files
@@ -177,7 +177,7 @@ def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
 def test_a_rank_failing_on_another_node_is_named_as_the_cause(tmp_path: Path) -> None:
     """The tuner's rank only sees its peer close the connection; the agent publishes its own
     rank's report, and the trial's reason is that one, with the node it happened on."""
-    from autotune.hardware import hostname
+    from autotune.machine.hardware import hostname
 
     run, out, trial = two_nodes(
         tmp_path, "remote-crash", "--model", "autotune.testing.workloads:crash", "--param",
@@ -215,12 +215,12 @@ def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_time
 
 def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.fleet import DeviceLock, free_block, gpu_blocks, trial_devices
+    from autotune.tuner.fleet import DeviceLock, free_block, gpu_blocks, trial_devices
 
     monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from autotune.fleet import DeviceLock\n"
+        "import sys, time; from autotune.tuner.fleet import DeviceLock\n"
         "with DeviceLock(['gpu0', 'gpu1'], 'worker A').hold():\n"
         "    print('held', flush=True); time.sleep(2)")], stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -245,7 +245,7 @@ def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers
 
 def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
     from autotune.errors import UsageError
-    from autotune.study import check_nodes
+    from autotune.tuner.runner import check_nodes
 
     cases = {
         (2, None, None): "--nnodes 2 needs --rdzv-endpoint HOST:PORT",
@@ -265,7 +265,7 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
 
 def test_an_agent_on_other_hardware_is_refused(tmp_path: Path) -> None:
     """An agent's ranks would measure on another kind of machine: one line, exit 2."""
-    from autotune.hardware import detect
+    from autotune.machine.hardware import detect
 
     db = f"sqlite:///{tmp_path}/study.db"
     study = optuna.create_study(study_name="s", storage=db)
@@ -281,7 +281,7 @@ def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
         tmp_path: Path) -> None:
     """A journal file has no heartbeat of Optuna's: autotune's own `alive_at` decides."""
     from autotune.console import QuietReporter
-    from autotune.study import Runner, RunOptions
+    from autotune.tuner.runner import Runner, RunOptions
 
     url = f"journal:///{tmp_path}/journal.log"
     runner = Runner(RunOptions(model="autotune.testing.workloads:tiny", storage=url,
@@ -307,8 +307,8 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(
     workers' trials leaves it running (it once failed it under the new owner's feet, and that
     tuner died of UpdateFinishedTrialError)."""
     from autotune.console import QuietReporter
-    from autotune.hardware import hostname
-    from autotune.study import Runner, RunOptions
+    from autotune.machine.hardware import hostname
+    from autotune.tuner.runner import Runner, RunOptions
 
     url = f"journal:///{tmp_path}/journal.log"
 
@@ -333,6 +333,6 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(
     assert trials[retry.number].user_attrs["worker"]["pid"] == os.getpid()
     # Seen from another host, the journal's heartbeat mark decides: the claim renewed the stale
     # one the retry inherited.
-    monkeypatch.setattr("autotune.study.hostname", lambda: "another-host")
+    monkeypatch.setattr("autotune.tuner.runner.hostname", lambda: "another-host")
     b._recover_dead_trials()
     assert a.study.get_trials()[retry.number].state == TrialState.RUNNING

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.knobs import Config
-from autotune.launch import execute, plan
-from autotune.measurement import classify
+from autotune.config.knobs import Config
+from autotune.trial.launch import execute, plan
+from autotune.trial.measurement import classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -18,9 +20,10 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("amp", ["off", "fp16", "bf16"])
 def test_bert_trial_on_cuda(tmp_path: Path, amp: str) -> None:
-    p = plan(workload={"spec": "bert", "params": {}}, config=Config(micro_batch_size=32, amp=amp),
-             device="cuda", workdir=tmp_path, timeout_s=300, measure={"max_seconds": 20},
-             memory_limit_bytes=40 * 2**30)
+    p = plan(TrialSpec(WorkloadSpec("bert", {}), Config(micro_batch_size=32, amp=amp),
+                       device="cuda", memory_limit_bytes=40 * 2**30,
+                       measure=MeasureSettings(max_seconds=20)),
+             workdir=tmp_path, timeout_s=300)
     raw = execute(p)
     m = classify(raw, "cuda")
     assert m.ok, (m.reason, raw.stderr_tail[-2000:])
@@ -31,15 +34,15 @@ def test_bert_trial_on_cuda(tmp_path: Path, amp: str) -> None:
 
 
 def test_the_allocator_cap_turns_an_over_limit_config_into_a_real_oom(tmp_path: Path) -> None:
-    p = plan(workload={"spec": "bert", "params": {}}, config=Config(micro_batch_size=512),
-             device="cuda", workdir=tmp_path, timeout_s=300, measure={"max_seconds": 20},
-             memory_limit_bytes=2 * 2**30)
+    p = plan(TrialSpec(WorkloadSpec("bert", {}), Config(micro_batch_size=512), device="cuda",
+                       memory_limit_bytes=2 * 2**30, measure=MeasureSettings(max_seconds=20)),
+             workdir=tmp_path, timeout_s=300)
     m = classify(execute(p), "cuda")
     assert m.status == "oom" and "OutOfMemoryError" in (m.reason or ""), m.reason
 
 
 def test_the_tuner_does_not_initialise_cuda() -> None:
-    code = ("import torch; from autotune.hardware import detect; h = detect();"
+    code = ("import torch; from autotune.machine.hardware import detect; h = detect();"
             "assert h.device == 'cuda', h; assert not torch.cuda.is_initialized()")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -51,8 +54,9 @@ def test_two_ranks_on_nccl_with_the_nccl_knobs(tmp_path: Path) -> None:
     all-reduce wait timed with CUDA events. (NCCL refuses two ranks on one GPU.)"""
     config = Config(micro_batch_size=16, grad_accum_steps=2, amp="bf16", world_size=2,
                     nccl_algo="Ring", nccl_proto="Simple", ddp_bucket_cap_mb=50)
-    p = plan(workload={"spec": "bert", "params": {}}, config=config, device="cuda",
-             workdir=tmp_path, timeout_s=300, measure={"max_seconds": 20})
+    p = plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda",
+                       measure=MeasureSettings(max_seconds=20)),
+             workdir=tmp_path, timeout_s=300)
     assert p.env["NCCL_ALGO"] == "Ring" and p.env["NCCL_PROTO"] == "Simple"
     raw = execute(p)
     m = classify(raw, "cuda")
@@ -87,14 +91,14 @@ def test_the_probe_measures_the_gpus(tmp_path: Path) -> None:
 
 
 def test_a_cuda_trial_is_monitored_and_counts_flops(tmp_path: Path) -> None:
-    from autotune.bench import COUNTED
-    from autotune.hardware import detect
-    from autotune.monitor import GpuMonitor
+    from autotune.machine.hardware import detect
+    from autotune.machine.monitor import GpuMonitor
+    from autotune.trial.bench import COUNTED
 
     hw = detect()
-    p = plan(workload={"spec": "bert", "params": {}}, config=Config(micro_batch_size=32,
-             amp="bf16"), device="cuda", workdir=tmp_path, timeout_s=300,
-             measure={"max_seconds": 20}, count_flops=True)
+    p = plan(TrialSpec(WorkloadSpec("bert", {}), Config(micro_batch_size=32, amp="bf16"),
+                       device="cuda", count_flops=True, measure=MeasureSettings(max_seconds=20)),
+             workdir=tmp_path, timeout_s=300)
     m = classify(execute(p, monitor=GpuMonitor([hw.gpus[0].index])), "cuda")
     assert m.ok, m.reason
     assert m.gpu["scope"] == "timed windows" and m.gpu["gpu_util_mean"] > 0

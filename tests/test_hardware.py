@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from autotune.errors import UsageError
-from autotune.hardware import detect, memory_limit
+from autotune.machine.hardware import detect, memory_limit
 from autotune.testing.hardware import fake_cpu, fake_gpus
 
 
@@ -24,7 +24,8 @@ def test_the_tuner_reads_torchs_build_without_importing_torch() -> None:
     """The tuner plans trials without torch: the fingerprint's torch and CUDA versions come from
     torch's version file, and must be what torch itself says, or every study would change its
     fingerprint. The built-in workloads resolve without torch too."""
-    code = ("import sys; from autotune.hardware import torch_build; from autotune.workloads "
+    code = ("import sys; from autotune.machine.hardware import torch_build; "
+            "from autotune.workloads "
             "import resolve; found = torch_build(); [resolve(w) for w in ('mlp', 'bert', "
             "'gpt2', 'autotune.testing.workloads:memhog')]; assert 'torch' not in sys.modules; "
             "import torch; assert found == (str(torch.__version__), torch.version.cuda), found")

@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.knobs import KNOBS, Config, ddp_accepts, ddp_kwargs, env_for
+from autotune.config.apply import ddp_accepts, ddp_kwargs
+from autotune.config.knobs import KNOBS, Config, env_for, torch_takes
 from autotune.testing.hardware import fake_gpus
 
 
@@ -72,3 +73,15 @@ def test_env_sets_nccl_proto_and_ddp_kwargs_follow_the_config() -> None:
     # Only what differs from DDP's defaults, and only what this torch accepts (it takes all).
     assert ddp_kwargs(config) == {"bucket_cap_mb": 100, "static_graph": True}
     assert ddp_accepts("bucket_cap_mb") and not ddp_accepts("no_such_argument")
+
+
+def test_ddp_arguments_are_narrowed_by_the_torch_version_without_importing_torch() -> None:
+    # The installed torch takes both, as its version says; a torch older than the argument's
+    # first release gets the DDP knob fixed, with the reason.
+    for argument in ("gradient_as_bucket_view", "static_graph"):
+        assert ddp_accepts(argument) and torch_takes(argument, "2.13.0+cpu")
+    assert not torch_takes("static_graph", "1.10.2")
+    old = replace(fake_gpus(2), torch_version="1.10.2")
+    assert KNOBS["ddp_static_graph"].applies(old, 2) == \
+        "this torch's DistributedDataParallel has no static_graph argument"
+    assert KNOBS["ddp_gradient_as_bucket_view"].applies(old, 2) is None

@@ -13,39 +13,42 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.knobs import Config
-from autotune.launch import Nodes, TreeMemory, execute, from_published, plan, published
-from autotune.measurement import check_result, classify
+from autotune.config.knobs import Config
+from autotune.trial.launch import Nodes, execute, from_published, plan, published
+from autotune.trial.measurement import check_result, classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec
 
 FAST = {"min_window_s": 0.05, "max_seconds": 5}
 
 
 def test_plan_is_pure_data(tmp_path: Path) -> None:
     config = Config(nccl_algo="Ring", world_size=2, num_workers=2, prefetch_factor=4)
-    p = plan(workload={"spec": "mlp", "params": {"hidden": 8}}, config=config, device="cuda",
-             workdir=tmp_path / "t", timeout_s=30, measure=FAST, memory_limit_bytes=10**9)
+    p = plan(TrialSpec(WorkloadSpec("mlp", {"hidden": 8}), config, device="cuda",
+                       memory_limit_bytes=10**9, measure=MeasureSettings.from_dict(FAST)),
+             workdir=tmp_path / "t", timeout_s=30)
     assert not (tmp_path / "t").exists()  # planning starts and writes nothing
-    assert p.argv[-5:-3] == ("-m", "autotune.bench")
+    assert p.argv[-5:-3] == ("-m", "autotune.trial.bench")
     assert p.env["NCCL_ALGO"] == "Ring" and p.env["TOKENIZERS_PARALLELISM"] == "false"
     assert p.spec["config"] == config.to_dict() and p.spec["workload"]["params"] == {"hidden": 8}
     assert p.memory_limit_bytes is None  # on CUDA the allocator enforces the limit in the trial
     assert p.spec["memory_limit_bytes"] == 10**9
-    cpu = plan(workload={"spec": "mlp"}, config=Config(), device="cpu", workdir=tmp_path,
-               timeout_s=30, memory_limit_bytes=10**9)
+    cpu = plan(TrialSpec(WorkloadSpec("mlp", {}), Config(), device="cpu", memory_limit_bytes=10**9),
+               workdir=tmp_path, timeout_s=30)
     assert cpu.memory_limit_bytes == 10**9 and "NCCL_ALGO" not in cpu.env
 
 
 def test_plan_starts_ranks_through_torchrun_with_the_nccl_environment(tmp_path: Path) -> None:
     config = Config(world_size=4, nccl_algo="Tree", nccl_proto="LL128")
-    p = plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
-             timeout_s=60)
+    p = plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
+             workdir=tmp_path, timeout_s=60)
     assert p.argv[:6] == (sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node=4", "--max-restarts=0")
-    assert p.argv[6:9] == ("-m", "autotune.bench", p.spec_path)
+    assert p.argv[6:9] == ("-m", "autotune.trial.bench", p.spec_path)
     # Set before any rank starts, so NCCL reads them when its communicator is created.
     assert p.env["NCCL_ALGO"] == "Tree" and p.env["NCCL_PROTO"] == "LL128"
     assert p.env["AUTOTUNE_TRIAL"] == p.result_path  # how execute finds every rank at the end
-    single = plan(workload={"spec": "bert"}, config=Config(nccl_algo="Tree"), device="cuda",
+    single = plan(TrialSpec(WorkloadSpec("bert", {}), Config(nccl_algo="Tree"), device="cuda"),
                   workdir=tmp_path, timeout_s=60)
     assert "torch.distributed.run" not in single.argv and "NCCL_ALGO" not in single.env
 
@@ -54,8 +57,8 @@ def test_plan_across_nodes_uses_a_c10d_rendezvous_or_the_clusters_launcher(
         tmp_path: Path) -> None:
     config = Config(world_size=8, nccl_algo="Ring")
     nodes = Nodes(count=2, endpoint="node0:29400")
-    p = plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
-             timeout_s=60, nodes=nodes, rdzv_id="study-trials-0003")
+    p = plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
+             workdir=tmp_path, timeout_s=60, nodes=nodes, rdzv_id="study-trials-0003")
     assert p.argv[:9] == (sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                           "--nproc-per-node=4", "--rdzv-backend=c10d",
                           "--rdzv-endpoint=node0:29400", "--rdzv-id=study-trials-0003",
@@ -68,30 +71,32 @@ def test_plan_across_nodes_uses_a_c10d_rendezvous_or_the_clusters_launcher(
     assert other.argv[3:9] == p.argv[3:9] and other.spec == p.spec
     assert other.env["AUTOTUNE_REPORTING_NODE"] == "0"
     assert other.result_path == str(tmp_path / "node1" / "result.json")
-    srun = plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
-                timeout_s=60, rdzv_id="study-trials-0003", nodes=Nodes(2, "node0:29400",
+    srun = plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
+                workdir=tmp_path, timeout_s=60, rdzv_id="study-trials-0003",
+                nodes=Nodes(2, "node0:29400",
                                                        "srun --nodes 2 --ntasks-per-node 1 {cmd}"))
     assert srun.argv[:2] == ("/bin/sh", "-c")
     assert srun.argv[2].startswith("srun --nodes 2 --ntasks-per-node 1 ")
     assert shlex.split(srun.argv[2])[5:] == list(p.argv)
     assert "AUTOTUNE_REPORTING_NODE" not in srun.env  # rank 0 writes, on the shared file system
     with pytest.raises(ValueError, match="8 ranks do not split over 3 nodes"):
-        plan(workload={"spec": "bert"}, config=config, device="cuda", workdir=tmp_path,
-             timeout_s=60, nodes=Nodes(3, "node0:29400"))
+        plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
+             workdir=tmp_path, timeout_s=60, nodes=Nodes(3, "node0:29400"))
 
 
 def _run(tmp_path: Path, spec: str, timeout: float = 60, config: Config | None = None,
-         **kw: object):
-    p = plan(workload={"spec": spec, "params": kw.pop("params", {})}, config=config or Config(
-        micro_batch_size=4), device="cpu", workdir=tmp_path, timeout_s=timeout, measure=FAST,
-        **kw)  # type: ignore[arg-type]
+         params: dict | None = None, **limits: int):
+    p = plan(TrialSpec(WorkloadSpec(spec, params or {}), config or Config(micro_batch_size=4),
+                       device="cpu", measure=MeasureSettings.from_dict(FAST), **limits),
+             workdir=tmp_path, timeout_s=timeout)
     return execute(p)
 
 
 def test_mlp_trial_reports_a_valid_result(tmp_path: Path) -> None:
     events: list[dict] = []
-    p = plan(workload={"spec": "mlp", "params": {}}, config=Config(micro_batch_size=32),
-             device="cpu", workdir=tmp_path, timeout_s=60, measure=FAST)
+    p = plan(TrialSpec(WorkloadSpec("mlp", {}), Config(micro_batch_size=32), device="cpu",
+                       measure=MeasureSettings.from_dict(FAST)),
+             workdir=tmp_path, timeout_s=60)
     raw = execute(p, on_event=events.append)
     assert raw.returncode == 0 and check_result(raw.result) == []
     m = classify(raw)
@@ -103,8 +108,9 @@ def test_mlp_trial_reports_a_valid_result(tmp_path: Path) -> None:
 
 def test_a_hanging_trial_is_killed_at_its_timeout_with_no_child_left(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    p = plan(workload={"spec": "autotune.testing.workloads:hang", "params": {}}, config=Config(),
-             device="cpu", workdir=tmp_path, timeout_s=6, measure=FAST,
+    p = plan(TrialSpec(WorkloadSpec("autotune.testing.workloads:hang", {}), Config(), device="cpu",
+                       measure=MeasureSettings.from_dict(FAST)),
+             workdir=tmp_path, timeout_s=6,
              extra_env={"AUTOTUNE_TEST_CHILD_PID_FILE": str(pid_file)})
     start = time.monotonic()
     raw = execute(p)
@@ -148,58 +154,17 @@ def test_passing_the_memory_limit_ends_the_trial_as_oom(tmp_path: Path) -> None:
     assert m.peak_memory_bytes > 600 * 2**20
 
 
-def test_tree_memory_reads_pss_only_at_new_highs_and_over_the_limit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """PSS walks the trial's page tables under its memory-map lock (it slowed BERT by ~11% read
-    at 5 Hz): read at a new RSS high, over the limit, or every PSS_EVERY_S; RSS otherwise."""
-    import autotune.launch as launch
-
-    reads: list[str] = []
-    real = launch._memory
-
-    def counted(proc: psutil.Process, kind: str) -> int:
-        reads.append(kind)
-        return real(proc, kind)
-
-    monkeypatch.setattr(launch, "_memory", counted)
-    code = ("import sys; a = b'x' * (64 << 20); print('held', flush=True); sys.stdin.readline(); "
-            "b = b'y' * (128 << 20); print('grown', flush=True); sys.stdin.readline()")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "held"
-        memory = TreeMemory(proc.pid)
-        for _ in range(5):
-            assert memory.sample() is False
-        assert reads.count("pss") == 1 and reads.count("rss") == 5  # one PSS read: the first
-        assert memory.peak > 64 << 20
-        first = memory.peak
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "grown"
-        memory.sample()
-        assert reads.count("pss") == 2 and memory.peak > first + (100 << 20)  # a new high
-        # Over the limit: PSS decides, at every sample.
-        capped = TreeMemory(proc.pid, limit=100 << 20)
-        assert capped.sample() and capped.sample() and reads.count("pss") == 4
-        assert not TreeMemory(proc.pid, limit=1 << 40).sample()
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
     """PR_SET_PDEATHSIG and the trial's parent watch: a killed tuner leaves no trial running."""
     pid_file = tmp_path / "child.pid"
     code = (
-        "import sys; from pathlib import Path; from autotune.knobs import Config;"
-        "from autotune.launch import plan, execute;"
-        f"p = plan(workload={{'spec': 'autotune.testing.workloads:hang'}}, config=Config(),"
-        f" device='cpu', workdir=Path({str(tmp_path)!r}), timeout_s=120,"
+        "import sys; from pathlib import Path; from autotune.config.knobs import Config;"
+        "from autotune.trial.launch import plan, execute;"
+        "from autotune.trial.spec import TrialSpec; from autotune.workloads import WorkloadSpec;"
+        "p = plan(TrialSpec(WorkloadSpec('autotune.testing.workloads:hang', {}), Config()),"
+        f" workdir=Path({str(tmp_path)!r}), timeout_s=120,"
         f" extra_env={{'AUTOTUNE_TEST_CHILD_PID_FILE': {str(pid_file)!r}}}); execute(p)"
     )
-    import subprocess
 
     tuner = subprocess.Popen([sys.executable, "-c", code],
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
@@ -227,9 +192,10 @@ def test_a_too_slow_config_ends_early_with_a_rough_rate(tmp_path: Path) -> None:
     # Each micro-batch sleeps 1 s; with accumulation 4 a step takes ~4 s, and warm-up plus one
     # window cannot fit a 1 s measuring budget: the trial says so after its second micro-batch
     # (the first carries start-up costs) instead of running its steps to the hard timeout.
-    p = plan(workload={"spec": "autotune.testing.workloads:slow", "params": {"step_s": 1.0}},
-             config=Config(micro_batch_size=4, grad_accum_steps=4), device="cpu",
-             workdir=tmp_path, timeout_s=60, measure={"max_seconds": 1, "min_window_s": 0.05})
+    p = plan(TrialSpec(WorkloadSpec("autotune.testing.workloads:slow", {"step_s": 1.0}),
+                       Config(micro_batch_size=4, grad_accum_steps=4), device="cpu",
+                       measure=MeasureSettings(max_seconds=1, min_window_s=0.05)),
+             workdir=tmp_path, timeout_s=60)
     start = time.monotonic()
     m = classify(execute(p))
     assert time.monotonic() - start < 8  # a full warm-up would be 8 s of sleeping alone
@@ -241,8 +207,9 @@ def test_knobs_reach_the_trial(tmp_path: Path) -> None:
     """Accumulation, workers and prefetch are applied in the trial process, not only recorded."""
     config = Config(micro_batch_size=16, grad_accum_steps=3, amp="bf16", num_workers=2,
                     prefetch_factor=4)
-    p = plan(workload={"spec": "mlp", "params": {}}, config=config, device="cpu",
-             workdir=tmp_path, timeout_s=60, measure={"min_window_s": 0.2, "max_seconds": 5})
+    p = plan(TrialSpec(WorkloadSpec("mlp", {}), config, device="cpu",
+                       measure=MeasureSettings(min_window_s=0.2, max_seconds=5)),
+             workdir=tmp_path, timeout_s=60)
     workers: list[int] = []
 
     def count_workers(event: dict) -> None:
@@ -263,7 +230,7 @@ def test_knobs_reach_the_trial(tmp_path: Path) -> None:
 def test_a_tool_past_its_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
     """The probe's measurements run through `run_tool`; one that hangs under torchrun is ended
     with its ranks, which run in sessions of their own."""
-    from autotune.launch import TRIAL_TOKEN, run_tool, trial_processes
+    from autotune.trial.launch import TRIAL_TOKEN, run_tool, trial_processes
 
     out = tmp_path / "out.json"
     start = time.monotonic()

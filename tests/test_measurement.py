@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from autotune.measurement import (
+from autotune.trial.measurement import (
     INTERRUPTED,
     MEMORY_LIMIT,
     RESULT_SCHEMA,
@@ -215,7 +215,7 @@ def _classify_echo(summary: str, reason: str) -> Measurement:
 
 
 def test_a_rank_killed_by_the_kernel_is_an_oom_named_by_torchrun() -> None:
-    summary = ("autotune.bench FAILED\nFailures:\n[1]:\n  rank      : 0 (local_rank: 0)\n"
+    summary = ("autotune.trial.bench FAILED\nFailures:\n[1]:\n  rank      : 0 (local_rank: 0)\n"
                "  exitcode  : 1 (pid: 11)\nRoot Cause (first observed failure):\n[0]:\n"
                "  time      : 2026-11-29_20:04:49\n  rank      : 1 (local_rank: 1)\n"
                "  exitcode  : -9 (pid: 12)\n  error_file: <N/A>\n")
@@ -229,7 +229,8 @@ def test_a_rank_killed_by_the_kernel_is_an_oom_named_by_torchrun() -> None:
 
 def test_a_signal_death_is_the_cause_even_when_torchrun_names_a_peer_first() -> None:
     # torchrun stamps failures by the second: the peer's "connection reset" can be named first.
-    summary = ("autotune.bench FAILED\n------\nFailures:\n[1]:\n  time      : 2026-11-29_20:04:49\n"
+    summary = ("autotune.trial.bench FAILED\n------\nFailures:\n[1]:\n"
+               "  time      : 2026-11-29_20:04:49\n"
                "  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 12)\n"
                "  traceback : Signal 11 (SIGSEGV) received by PID 12\n------\n"
                "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-29_20:04:49\n"

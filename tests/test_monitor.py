@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.knobs import Config
-from autotune.launch import execute, plan
-from autotune.measurement import classify
-from autotune.monitor import GpuMonitor, measured_span, summarize
+from autotune.config.knobs import Config
+from autotune.machine.monitor import GpuMonitor, summarize
 from autotune.testing.nvml import FakeNVML
+from autotune.trial.launch import execute, measured_span, plan
+from autotune.trial.measurement import classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec
 
 GPUS = [{"name": "NVIDIA H200", "util": [80, 100], "power_w": [500, 700], "temp_c": [60, 70],
          "mem_used_gib": [40, 44], "pcie_kbs": [2000, 4000]},
@@ -57,8 +59,9 @@ def test_summary_covers_the_timed_windows_only() -> None:
 def test_a_trial_carries_its_gpu_summary(tmp_path: Path) -> None:
     """A real (CPU) trial, watched by a monitor reading the fake NVML: the summary reaches the
     measurement, and covers the windows."""
-    p = plan(workload={"spec": "mlp"}, config=Config(micro_batch_size=32), device="cpu",
-             workdir=tmp_path, timeout_s=60, measure={"min_window_s": 0.3, "max_seconds": 5})
+    p = plan(TrialSpec(WorkloadSpec("mlp", {}), Config(micro_batch_size=32), device="cpu",
+                       measure=MeasureSettings(min_window_s=0.3, max_seconds=5)),
+             workdir=tmp_path, timeout_s=60)
     raw = execute(p, monitor=GpuMonitor([0, 1], nv=FakeNVML({"gpus": GPUS})))
     m = classify(raw)
     assert m.ok, m.reason

@@ -18,7 +18,7 @@ def test_wheel_ships_search_spaces_and_objectives(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("autotune-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
-    code = ("import autotune, autotune.space as s, autotune.workloads as w;"
+    code = ("import autotune, autotune.config.space as s, autotune.workloads as w;"
             "print(autotune.__file__);"
             "print(sorted(s.builtin_spaces()), sorted(w.builtin_workloads()));"
             "print(s.load_space('default').name, w.resolve('bert').seq_len)")

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from autotune import probe as probe_mod
-from autotune.hardware import FAKE_NVML_ENV
-from autotune.testing.nvml import FakeNVML
+from autotune.machine import probe as probe_mod
+from autotune.machine.probe import kernels, peaks
+from autotune.machine.probe.inventory import inventory
+from autotune.testing.nvml import FAKE_NVML_ENV, FakeNVML
 from tests.conftest import autotune
 
 FIGURE_KEYS = {"value", "unit", "peak", "basis", "share", "low"}
@@ -75,7 +76,7 @@ def test_cpu_probe_measures_for_real_and_caches(workdir: Path) -> None:
 
 
 def test_nvml_inventory_links_topology_and_p2p() -> None:
-    found = probe_mod.inventory(FakeNVML(machine()))
+    found = inventory(FakeNVML(machine()))
     assert found["gpu_note"] is None and found["driver_version"] == "580.159.04"
     assert found["cuda_driver_version"] == "13.0"
     g0, g1, g2, g3 = found["gpus"]
@@ -99,21 +100,21 @@ def test_nvswitch_boards_count_as_nvlink() -> None:
     gpu = {"name": "NVIDIA H100 80GB HBM3", "nvlink": 18,
            "pcie": {"gen": 5, "width": 16, "max_gen": 5, "gpu_max_gen": 5, "max_width": 16}}
     links = {f"{a}-{b}": "nvswitch" for a in range(4) for b in range(a + 1, 4)}
-    found = probe_mod.inventory(FakeNVML({"gpus": [dict(gpu) for _ in range(4)],
+    found = inventory(FakeNVML({"gpus": [dict(gpu) for _ in range(4)],
                                           "links": links}))
     assert {p["link"] for p in found["topology"]} == {"NVLink x18 through NVSwitch"}
     assert all(p["p2p"] for p in found["topology"])
     doc = {**found, "cpu": {}, "flags": [],
-           "figures": {f"allreduce.default.{256 * 2**20}": probe_mod._figure(360.0, "GB/s")}}
-    probe_mod.check(doc)
+           "figures": {f"allreduce.default.{256 * 2**20}": kernels._figure(360.0, "GB/s")}}
+    peaks.check(doc)
     fig = doc["figures"][f"allreduce.default.{256 * 2**20}"]
     assert fig["peak"] == 450.0 and fig["share"] == 0.8 and not fig["low"]
 
 
 def test_degraded_links_are_named() -> None:
-    doc = {"gpus": probe_mod.inventory(FakeNVML(machine()))["gpus"], "figures": {},
+    doc = {"gpus": inventory(FakeNVML(machine()))["gpus"], "figures": {},
            "flags": [], "cpu": {}}
-    probe_mod.check(doc)
+    peaks.check(doc)
     assert "GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16" in doc["flags"]
     assert any(f.startswith("GPU 2 sits in a PCIe Gen4 slot; the GPU can run Gen5")
                for f in doc["flags"])
@@ -121,20 +122,20 @@ def test_degraded_links_are_named() -> None:
     # An idle GPU trains its link down: a lower generation at full width is not flagged unless
     # it was read under load.
     idle = {"index": 5, "pcie": {"gen": 1, "width": 16, "max_gen": 5, "max_width": 16}}
-    assert probe_mod.degraded_link(idle) is None
+    assert peaks.degraded_link(idle) is None
     idle["pcie"]["under_load"] = True
-    assert probe_mod.degraded_link(idle) == "GPU 5 runs PCIe Gen1 x16; it can run Gen5 x16"
+    assert peaks.degraded_link(idle) == "GPU 5 runs PCIe Gen1 x16; it can run Gen5 x16"
 
 
 def test_no_driver_is_one_line() -> None:
-    found = probe_mod.inventory(FakeNVML(machine(no_driver=True)))
+    found = inventory(FakeNVML(machine(no_driver=True)))
     assert found["gpus"] == [] and found["gpu_note"] == \
         "no GPU part: no NVIDIA driver (NVMLError)"
 
 
 def test_figures_against_theoretical_peaks() -> None:
-    gpus = probe_mod.inventory(FakeNVML(machine()))["gpus"][:2]
-    fig = probe_mod._figure
+    gpus = inventory(FakeNVML(machine()))["gpus"][:2]
+    fig = kernels._figure
     doc: dict[str, Any] = {
         "cpu": {"cores": 2, "max_mhz": None}, "gpus": gpus, "flags": [],
         "topology": [{"gpus": [0, 1], "nvlinks": 18}],
@@ -145,7 +146,7 @@ def test_figures_against_theoretical_peaks() -> None:
                     "gpu0.memory_bandwidth": fig(4100.0, "GB/s"),
                     f"allreduce.Ring.{2**20}": fig(20.0, "GB/s"),
                     f"allreduce.Ring.{256 * 2**20}": fig(120.0, "GB/s")}}
-    probe_mod.check(doc)
+    peaks.check(doc)
     f = doc["figures"]
     assert f["gpu0.h2d_pinned"]["peak"] == pytest.approx(63.0) and f["gpu0.h2d_pinned"]["low"]
     assert f["gpu0.h2d_pinned"]["basis"] == "PCIe Gen5 x16"
@@ -168,7 +169,7 @@ def test_figures_against_theoretical_peaks() -> None:
 
 
 def test_cpu_fp32_peak_per_cycle_follows_the_vector_unit() -> None:
-    per_cycle = probe_mod.fp32_flops_per_cycle
+    per_cycle = peaks.fp32_flops_per_cycle
     avx512 = {"avx", "fma", "avx512f"}
     assert per_cycle(avx512, "GenuineIntel", 6) == (64, "AVX-512")
     # Zen 4 has AVX-512 but runs it on 256-bit units: AVX2's peak; Zen 5 (family 26) is wider.
@@ -198,13 +199,13 @@ def test_probe_cli_reads_gpus_through_nvml(workdir: Path) -> None:
 def test_allreduce_ranks_agree_on_their_calls(tmp_path: Path) -> None:
     """Ranks that time their own calls would disagree on the count of a 1 MiB all-reduce and
     hang; they agree on it first. (On GPUs this runs on nccl; here on gloo, through torchrun.)"""
-    from autotune.launch import run_tool
+    from autotune.trial.launch import run_tool
 
-    out, why = run_tool(["autotune.probe", "allreduce", "default"], tmp_path / "ar.json",
+    out, why = run_tool([probe_mod.KERNELS, "allreduce", "default"], tmp_path / "ar.json",
                         timeout_s=120, nproc=2)
     assert out is not None, why
     figs = out["figures"]
-    assert set(figs) == {f"allreduce.default.{n}" for n in probe_mod.ALLREDUCE_BYTES}
+    assert set(figs) == {f"allreduce.default.{n}" for n in kernels.ALLREDUCE_BYTES}
     for fig in figs.values():
         assert fig["ranks"] == 2 and fig["value"] > 0
         assert fig["value"] == pytest.approx(fig["algbw"] * 2 * (2 - 1) / 2, rel=0.01)

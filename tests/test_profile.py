@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune.config.knobs import Config
 from autotune.errors import ProfileError
-from autotune.hardware import detect
-from autotune.knobs import Config
+from autotune.machine.hardware import detect
 from autotune.profile import SCHEMA, FingerprintWarning, Profile, load_profile, profile_diff
 
 FIXTURE = Path(__file__).parent / "data" / "profile_v1.yaml"
@@ -183,7 +183,7 @@ def test_autocast_and_grad_scaler_follow_the_precision() -> None:
     with fp32.autocast("cpu"):
         assert layer(x).dtype == torch.float32
     assert not bf16.grad_scaler("cpu").is_enabled()  # bf16 needs no loss scaling
-    from autotune.knobs import uses_grad_scaler
+    from autotune.config.apply import uses_grad_scaler
 
     assert uses_grad_scaler(Config(amp="fp16"), "cuda")
     assert not uses_grad_scaler(Config(amp="bf16"), "cuda")

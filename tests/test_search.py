@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
-from autotune.knobs import Config
-from autotune.search import (
+from autotune.config.knobs import Config
+from autotune.config.space import NarrowedSpace, narrow, parse_space
+from autotune.testing.hardware import fake_gpus
+from autotune.tuner.search import (
     Candidate,
     MemoryModel,
     Observation,
@@ -20,8 +22,6 @@ from autotune.search import (
     since_improvement,
     staged_next,
 )
-from autotune.space import NarrowedSpace, narrow, parse_space
-from autotune.testing.hardware import fake_gpus
 
 GiB = 2**30
 

@@ -6,9 +6,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.errors import SpaceError, UsageError
-from autotune.knobs import Config
-from autotune.space import (
+from autotune.config.knobs import Config
+from autotune.config.space import (
     Choices,
     IntRange,
     baseline_for_global_batch,
@@ -16,6 +15,7 @@ from autotune.space import (
     load_space,
     narrow,
 )
+from autotune.errors import SpaceError, UsageError
 from autotune.testing.hardware import fake_cpu, fake_gpus
 
 

@@ -16,8 +16,8 @@ from optuna.trial import TrialState
 
 from autotune.console import QuietReporter
 from autotune.profile import load_profile
-from autotune.results import measured
-from autotune.study import Runner, RunOptions, recorded
+from autotune.tuner.results import measured
+from autotune.tuner.runner import Runner, RunOptions, recorded
 from tests.conftest import FAST, ROOT, autotune
 
 DB = "sqlite:///study.db"
@@ -179,7 +179,7 @@ def _measuring_after(n: int, tuner: subprocess.Popen[str]):
         benches = []
         for child in psutil.Process(tuner.pid).children():
             try:
-                if "autotune.bench" in " ".join(child.cmdline()):
+                if "autotune.trial.bench" in " ".join(child.cmdline()):
                     benches.append(child)
             except psutil.Error:  # a trial that just ended
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.hardware import GPU, Hardware
+from autotune.machine.hardware import GPU, Hardware
 
 
 def fake_cpu(cores: int = 2, bf16: bool = True, memory_gib: int = 24) -> Hardware:

@@ -1,8 +1,9 @@
 """A fake NVML: the part of ``pynvml`` autotune calls, answering from a machine description.
 
 This machine has no NVIDIA driver, so the NVML code paths (inventory, links, topology, P2P and
-sampling during trials) run against this fake in the tests. A machine is a dict (or a JSON file
-named by ``AUTOTUNE_FAKE_NVML``, which makes ``autotune.hardware.nvml()`` return this fake):
+sampling during trials) run against this fake in the tests. A machine is a dict, or a JSON file:
+tests hand the fake to ``autotune.machine.nvml.use()``, and ``python -m autotune.testing ...``
+runs the CLI with the fake of the file ``AUTOTUNE_FAKE_NVML`` names:
 
     {"driver": "580.1", "cuda_driver": 13000,
      "gpus": [{"name": "NVIDIA H200", "memory_gib": 141, "cc": [9, 0], "bus": "0000:1B:00.0",
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+FAKE_NVML_ENV = "AUTOTUNE_FAKE_NVML"  # read by `python -m autotune.testing` only
 NVML_NVLINK_MAX_LINKS = 18
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_MEM = 2

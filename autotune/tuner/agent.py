@@ -20,13 +20,13 @@ from typing import Any
 
 import optuna
 
-from autotune import launch
 from autotune.errors import UsageError
-from autotune.fleet import DeviceLock, study_lock, trial_devices
-from autotune.hardware import detect, hostname, process_identity
-from autotune.measurement import node_failure
+from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.profile import fingerprint_diff
-from autotune.study import NODE_REPORT, NODE_TRIAL, open_storage, redact
+from autotune.trial import launch
+from autotune.trial.measurement import node_failure
+from autotune.tuner.fleet import DeviceLock, study_lock, trial_devices
+from autotune.tuner.runner import NODE_REPORT, NODE_TRIAL, open_storage, redact
 
 POLL_S = 0.5
 

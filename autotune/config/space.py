@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune import _data_dir
+from autotune.config.knobs import KNOBS, Config
 from autotune.errors import SpaceError, UsageError
-from autotune.knobs import KNOBS, Config
 
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
 
 
 @dataclass(frozen=True)

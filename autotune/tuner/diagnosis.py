@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from autotune.hardware import format_bytes
-from autotune.knobs import Config
-from autotune.measurement import Measurement
-from autotune.probe import peak_for
+from autotune.config.knobs import Config
+from autotune.machine.probe import peak_for
+from autotune.trial.measurement import Measurement
+from autotune.units import format_bytes
 
 INPUT_BOUND = 0.15  # data wait share of the timed wall time
 COMM_BOUND = 0.15  # exposed all-reduce share of the timed wall time

@@ -1,7 +1,7 @@
 """Starting trial processes: ``plan`` builds the launch as data, ``execute`` is the only subprocess.
 
 ``plan`` is pure (tests assert on it without starting anything). A one-rank trial is one process
-(``python -m autotune.bench``); a trial of N ranks is torchrun with a standalone rendezvous (a
+(``python -m autotune.trial.bench``); a trial of N ranks is torchrun with a standalone rendezvous (a
 c10d store on a free port) starting N such processes, nccl on CUDA and gloo on CPU. ``execute``
 starts the trial in its own session, enforces the hard timeout and the memory limit, samples the
 tree's memory, tails the progress file, and always leaves no process behind: torchrun starts each
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shlex
 import signal
@@ -24,19 +23,29 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
-from autotune.knobs import Config, env_for
-from autotune.measurement import RawResult, first_failure
-from autotune.monitor import GpuMonitor, measured_span, summarize
+import autotune
+from autotune.config.knobs import env_for
+from autotune.trial.measurement import RawResult, first_failure
+from autotune.trial.memory import TreeMemory
+from autotune.trial.spec import TrialSpec
 
 STDERR_TAIL_BYTES = 8000
 TRIAL_TOKEN = "AUTOTUNE_TRIAL"
 # Which node's ranks write the result and progress files in a trial across machines: "1" on the
 # tuner's node, "0" on the others (started by `autotune agent`); unset, global rank 0 does.
 REPORTING_NODE = "AUTOTUNE_REPORTING_NODE"
+
+
+class Monitor(Protocol):
+    """What watches the devices while a trial runs (``machine.monitor.GpuMonitor``)."""
+
+    def start(self) -> object: ...
+    def stop(self) -> list[dict[str, Any]]: ...
+    def summary(self, span: tuple[float, float] | None) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class TrialPlan:
     argv: tuple[str, ...]
     env: dict[str, str]  # set on top of the tuner's environment
     timeout_s: float
-    spec: dict[str, Any]  # written to spec_path before the start
+    spec: dict[str, Any]  # TrialSpec.to_json(), written to spec_path before the start
     spec_path: str
     result_path: str
     progress_path: str
@@ -71,24 +80,17 @@ class TrialPlan:
     rdzv_id: str | None = None  # the rendezvous of a trial across machines
 
 
-def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: Path,
-         timeout_s: float, measure: Mapping[str, Any] | None = None,
-         memory_limit_bytes: int | None = None, address_space_bytes: int | None = None,
-         python: str = sys.executable, extra_env: Mapping[str, str] | None = None,
-         flops: Mapping[str, Any] | None = None, count_flops: bool = False,
-         nodes: Nodes | None = None, rdzv_id: str | None = None) -> TrialPlan:
+def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.executable,
+         extra_env: Mapping[str, str] | None = None, nodes: Nodes | None = None,
+         rdzv_id: str | None = None) -> TrialPlan:
     """The trial launch as data: argv, environment and files. Starts nothing.
 
-    ``config.world_size`` > 1 starts that many ranks through torchrun on this machine, or, with
-    ``nodes``, ``world_size / nodes.count`` on each of the nodes (rendezvous ``rdzv_id``).
-    ``flops`` is the study's FLOPs-per-sample figure; without one, ``count_flops`` asks the
-    trial to count it."""
+    ``spec.config.world_size`` > 1 starts that many ranks through torchrun on this machine, or,
+    with ``nodes``, ``world_size / nodes.count`` on each of the nodes (rendezvous ``rdzv_id``).
+    """
     # The trial applies the address-space limit and its tie to the tuner itself, first thing
     # in bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
-    spec = {"workload": dict(workload), "config": config.to_dict(), "device": device,
-            "measure": dict(measure or {}), "memory_limit_bytes": memory_limit_bytes,
-            "address_space_bytes": address_space_bytes, "flops": dict(flops or {}),
-            "count_flops": count_flops}
+    config, device = spec.config, spec.device
     env = {
         # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
         **env_for(config),
@@ -100,7 +102,7 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
              (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
     # Every process of the trial inherits this: how execute finds them all at the end.
     env[TRIAL_TOKEN] = files["result"]
-    bench = ("-m", "autotune.bench", files["spec"], files["result"], files["progress"])
+    bench = ("-m", "autotune.trial.bench", files["spec"], files["result"], files["progress"])
     torchrun: tuple[str, ...] = ()
     if nodes is not None:
         if config.world_size % nodes.count:
@@ -128,11 +130,11 @@ def plan(*, workload: Mapping[str, Any], config: Config, device: str, workdir: P
     if nodes is not None and nodes.template is not None:
         # The launcher gets the trial's environment; srun passes it on to every node's task.
         argv = ("/bin/sh", "-c", nodes.template.replace("{cmd}", shlex.join(argv)))
-    return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec,
+    return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),
                      spec_path=files["spec"], result_path=files["result"],
                      progress_path=files["progress"], stderr_path=files["stderr"],
-                     memory_limit_bytes=memory_limit_bytes if device == "cpu" else None,
-                     address_space_bytes=address_space_bytes, device=device,
+                     memory_limit_bytes=spec.memory_limit_bytes if device == "cpu" else None,
+                     address_space_bytes=spec.address_space_bytes, device=device,
                      torchrun=torchrun, rdzv_id=rdzv_id if nodes is not None else None)
 
 
@@ -155,7 +157,7 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
              (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
     env = {**doc["env"], **dict(extra_env or {}), REPORTING_NODE: "0",
            TRIAL_TOKEN: files["result"]}
-    argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.bench",
+    argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.trial.bench",
             files["spec"], files["result"], files["progress"])
     return TrialPlan(argv=argv, env=env, timeout_s=float(doc["timeout_s"]), spec=doc["spec"],
                      spec_path=files["spec"], result_path=files["result"],
@@ -163,64 +165,6 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
                      memory_limit_bytes=doc.get("memory_limit_bytes"),
                      device=doc.get("device", "cpu"), torchrun=tuple(doc["torchrun"]),
                      rdzv_id=doc["id"])
-
-
-class TreeMemory:
-    """The peak memory of a trial's process tree while it runs, and the memory limit's check.
-
-    The figure is PSS, which splits the pages forked loader workers share with their parent, so
-    they are not counted once per worker. PSS is costly to read: the kernel walks every page
-    table of the process under its memory-map lock, and read at 5 Hz it slowed a BERT trial by
-    ~11% on a 2-core CPU (interleaved runs; RSS at 5 Hz: ~2%). So each sample reads RSS, a
-    counter, and PSS only when the tree's RSS passes its last high by RSS_STEP, passes the
-    limit, or PSS_EVERY_S has gone by: RSS >= PSS, so PSS cannot reach a figure RSS has not.
-    Finding the tree's processes reads every process's /proc entry: done every TREE_EVERY_S.
-    """
-
-    RSS_STEP = 1.02
-    PSS_EVERY_S = 5.0
-    TREE_EVERY_S = 1.0
-
-    def __init__(self, pid: int, limit: int | None = None) -> None:
-        self.pid, self.limit = pid, limit
-        self.peak = 0
-        self._rss_high = 0  # the tree's RSS at the last PSS read
-        self._pss_at = self._tree_at = -math.inf
-        self._procs: list[psutil.Process] = []
-
-    def sample(self) -> bool:
-        """Sample the tree once; returns whether it is over the limit."""
-        now = time.monotonic()
-        if now - self._tree_at >= self.TREE_EVERY_S:
-            self._procs, self._tree_at = _tree(self.pid), now
-        procs = self._procs
-        rss = sum(_memory(proc, "rss") for proc in procs)
-        over = self.limit is not None and rss > self.limit
-        if rss <= self._rss_high * self.RSS_STEP and not over \
-                and now - self._pss_at < self.PSS_EVERY_S:
-            return False
-        pss = sum(_memory(proc, "pss") for proc in procs)
-        self.peak = max(self.peak, pss)
-        self._rss_high, self._pss_at = max(self._rss_high, rss), now
-        return self.limit is not None and pss > self.limit
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _memory(proc: psutil.Process, kind: str) -> int:
-    try:
-        if kind == "rss":
-            return int(proc.memory_info().rss)
-        info = proc.memory_full_info()
-        return int(getattr(info, "pss", 0) or info.rss)
-    except psutil.Error:
-        return 0
 
 
 def _kill_group(pgid: int) -> None:
@@ -241,13 +185,23 @@ def _read_events(path: str) -> list[dict[str, Any]]:
     return events
 
 
+def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """Wall-clock start and end of a trial's timed windows, from its progress events (each
+    window's event is written at its end, with its length)."""
+    windows = [e for e in events if e.get("event") == "window" and "t" in e]
+    if not windows:
+        return None
+    return float(windows[0]["t"]) - float(windows[0].get("seconds", 0.0)), float(windows[-1]["t"])
+
+
+
 def _read_windows(path: str) -> list[dict[str, Any]]:
     return [{k: e[k] for k in ("samples", "seconds", "data_wait_s", "comm_wait_s") if k in e}
             for e in _read_events(path) if e.get("event") == "window"]
 
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
             poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None,
-            monitor: GpuMonitor | None = None) -> RawResult:
+            monitor: Monitor | None = None) -> RawResult:
     """Run a planned trial to its end, its timeout or its memory limit; returns what was seen.
 
     ``should_stop`` is asked after the trial's progress events are forwarded; a reason it returns
@@ -264,8 +218,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
            # look for this pid there.
            "AUTOTUNE_TUNER_HOST": socket.gethostname()}
     # The trial imports autotune from wherever the tuner did (source checkout or installed).
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, env.get("PYTHONPATH")) if x)
+    env["PYTHONPATH"] = _with_package(env.get("PYTHONPATH"))
     start = time.monotonic()
     timed_out = killed_for_memory = interrupted = False
     stopped: str | None = None
@@ -332,7 +285,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         interrupted=interrupted, timeout_s=p.timeout_s,
         partial_windows=_read_windows(p.progress_path) if timed_out or stopped else [],
         stopped=stopped,
-        gpu=summarize(samples, measured_span(_read_events(p.progress_path))) if samples else {},
+        gpu=monitor.summary(measured_span(_read_events(p.progress_path)))
+        if monitor is not None and samples else {},
     )
 
 
@@ -347,8 +301,7 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
                 "--max-restarts=0"] if nproc > 1 else []
     argv = [sys.executable, *launcher, "-m", *args, str(out_path)]
     full = {**os.environ, **dict(env or {}), TRIAL_TOKEN: str(out_path)}
-    package_root = str(Path(__file__).resolve().parent.parent)
-    full["PYTHONPATH"] = os.pathsep.join(x for x in (package_root, full.get("PYTHONPATH")) if x)
+    full["PYTHONPATH"] = _with_package(full.get("PYTHONPATH"))
     out_path.unlink(missing_ok=True)
     proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -366,6 +319,13 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
     except (OSError, json.JSONDecodeError):
         tail = [ln for ln in output.decode(errors="replace").splitlines() if ln.strip()]
         return None, f"exit code {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"
+
+
+def _with_package(pythonpath: str | None) -> str:
+    """PYTHONPATH for a child process that imports autotune from wherever this process did
+    (a source checkout or an installed package)."""
+    root = str(Path(autotune.__file__).resolve().parent.parent)
+    return os.pathsep.join(x for x in (root, pythonpath) if x)
 
 
 def _rank_files(result_path: str) -> list[str]:

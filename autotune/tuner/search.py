@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.hardware import format_duration
-from autotune.knobs import Config
-from autotune.space import Choices, NarrowedSpace
+from autotune.config.knobs import Config
+from autotune.config.space import Choices, NarrowedSpace
+from autotune.units import format_duration
 
 HEADROOM = 0.05  # an exported config peaks at least this share below the memory limit
 NOISE_FLOOR = 0.02  # no measured difference below 2% is a win (see benchmarks/repeatability.py)

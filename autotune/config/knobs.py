@@ -2,8 +2,9 @@
 
 A knob is one system setting the tuner may change. Each knob knows how to parse a value from a
 search-space file, its baseline value (what a user runs without tuning), and when it does not apply
-to the hardware at hand. How a knob is applied inside a trial lives in ``bench.py`` (the only code
-that runs in the trial process); ``env_for`` below covers the knobs applied through the environment.
+to the hardware at hand. Pure: nothing here imports torch or touches the machine. How a config is
+applied (DataLoader, autocast, DDP) is in ``apply.py``, shared by trials and training scripts;
+``env_for`` below covers the knobs applied through the environment.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.hardware import Hardware
+    from autotune.machine.hardware import Hardware
 
 AMP_MODES = ("off", "fp16", "bf16")
 # NCCL_ALGO and NCCL_PROTO values, each with the first NCCL release that knows it (release notes:
@@ -150,13 +151,15 @@ def _nccl_version_ok(table: dict[str, tuple[int, int]],
     return check
 
 
-def ddp_accepts(name: str) -> bool:
-    """Whether the installed torch's DistributedDataParallel takes this keyword argument."""
-    import inspect
+# DistributedDataParallel's optional arguments, each with the first torch release that takes it.
+DDP_ARGUMENTS = {"gradient_as_bucket_view": (1, 7), "static_graph": (1, 11)}
 
-    from torch.nn.parallel import DistributedDataParallel
 
-    return name in inspect.signature(DistributedDataParallel.__init__).parameters
+def torch_takes(argument: str, torch_version: str) -> bool:
+    """Whether DDP in torch ``torch_version`` (``2.13.0+cpu``) takes ``argument``: read from
+    the version, so narrowing a space never imports torch."""
+    parts = [int(p) for p in torch_version.split("+")[0].split(".")[:2] if p.isdigit()]
+    return tuple(parts) >= DDP_ARGUMENTS[argument]
 
 
 def _needs_ranks(hw: Hardware, world_size: int) -> str | None:
@@ -177,7 +180,7 @@ def _needs_ddp_argument(argument: str) -> Callable[[Hardware, int], str | None]:
     def check(hw: Hardware, world_size: int) -> str | None:
         if world_size <= 1:
             return "DDP is only used with more than one rank (world size 1)"
-        if not ddp_accepts(argument):
+        if not torch_takes(argument, hw.torch_version):
             return f"this torch's DistributedDataParallel has no {argument} argument"
         return None
 
@@ -270,40 +273,3 @@ def env_for(config: Config) -> dict[str, str]:
         if config.nccl_proto != "default":
             env["NCCL_PROTO"] = config.nccl_proto
     return env
-
-
-def loader_kwargs(config: Config, device_type: str) -> dict[str, Any]:
-    """The DataLoader arguments a config sets; the caller adds dataset, sampler and collate_fn.
-
-    pin_memory only where batches go to a GPU; prefetch and persistent workers only with workers
-    (DataLoader refuses prefetch_factor without them). Trials and training both build from this.
-    """
-    kwargs: dict[str, Any] = {"batch_size": config.micro_batch_size,
-                              "num_workers": config.num_workers,
-                              "pin_memory": config.pin_memory and device_type == "cuda"}
-    if config.num_workers > 0:
-        kwargs.update(prefetch_factor=config.prefetch_factor or 2, persistent_workers=True)
-    return kwargs
-
-
-def autocast_dtype(config: Config) -> Any:
-    """The torch dtype autocast runs in, or None for fp32 (autocast off)."""
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
-
-
-def uses_grad_scaler(config: Config, device_type: str) -> bool:
-    """Loss scaling only for fp16 on CUDA: bf16 has fp32's range and needs none."""
-    return config.amp == "fp16" and device_type == "cuda"
-
-
-def ddp_kwargs(config: Config) -> dict[str, Any]:
-    """Keyword arguments for DistributedDataParallel: only those the installed torch takes, and
-    only values that differ from DDP's own defaults (so an older torch runs the baseline)."""
-    wanted: dict[str, Any] = {"bucket_cap_mb": config.ddp_bucket_cap_mb}
-    if config.ddp_gradient_as_bucket_view:
-        wanted["gradient_as_bucket_view"] = True
-    if config.ddp_static_graph:
-        wanted["static_graph"] = True
-    return {k: v for k, v in wanted.items() if ddp_accepts(k)}

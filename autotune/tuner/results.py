@@ -10,11 +10,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.diagnosis import diagnose, mfu
-from autotune.knobs import Config, env_for
-from autotune.probe import peak_for
+from autotune.config.knobs import Config, env_for
+from autotune.machine.probe import peak_for
 from autotune.profile import Profile
-from autotune.search import Observation
+from autotune.tuner.diagnosis import diagnose, mfu
+from autotune.tuner.search import Observation
 
 
 @dataclass(frozen=True)

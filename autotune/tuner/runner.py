@@ -26,23 +26,21 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import launch
-from autotune.bench import COUNTED
-from autotune.diagnosis import with_efficiency
+from autotune.config.knobs import Config
+from autotune.config.space import NarrowedSpace, baseline_for_global_batch, load_space, narrow
 from autotune.errors import AutotuneError, StorageError, UsageError, one_line
-from autotune.fleet import DeviceLock, study_lock, trial_devices
-from autotune.hardware import (
+from autotune.machine.hardware import (
     Hardware,
     detect,
-    format_bytes,
-    format_duration,
     hostname,
     memory_limit,
     process_alive,
     process_identity,
 )
-from autotune.knobs import Config
-from autotune.measurement import (
+from autotune.machine.monitor import GpuMonitor
+from autotune.profile import Profile, fingerprint_diff
+from autotune.trial import launch
+from autotune.trial.measurement import (
     BUDGET,
     INTERRUPTED,
     TOO_SLOW,
@@ -52,9 +50,10 @@ from autotune.measurement import (
     classify,
     node_cause,
 )
-from autotune.monitor import GpuMonitor
-from autotune.profile import Profile, fingerprint_diff
-from autotune.results import (
+from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
+from autotune.tuner.diagnosis import with_efficiency
+from autotune.tuner.fleet import DeviceLock, study_lock, trial_devices
+from autotune.tuner.results import (
     TrialView,
     build_profile,
     confirmed,
@@ -66,7 +65,7 @@ from autotune.results import (
     recorded,
     view,
 )
-from autotune.search import (
+from autotune.tuner.search import (
     HEADROOM,
     PATIENCE,
     Candidate,
@@ -79,7 +78,7 @@ from autotune.search import (
     since_improvement,
     staged_next,
 )
-from autotune.space import NarrowedSpace, baseline_for_global_batch, load_space, narrow
+from autotune.units import format_bytes, format_duration
 from autotune.workloads import WorkloadSpec, resolve
 
 DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a 2-core CPU
@@ -349,7 +348,7 @@ class Runner:
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.probe: dict[str, Any] | None = None  # the probe's summary, once run() read it
         self.storage = open_storage(self.storage_url)
-        # Who holds a device, as a worker waiting for it is told (autotune.fleet.DeviceLock).
+        # Who holds a device, as a worker waiting for it is told (autotune.tuner.fleet.DeviceLock).
         self.device_owner = (f"autotune pid {process_identity()['pid']} on {hostname()}, "
                              f"study {self.study_name}")
         self.held: dict[str, Any] = {}  # the devices and wall-clock span of the last trial run
@@ -601,7 +600,7 @@ class Runner:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """The study lock (autotune.fleet): one worker at a time reads-then-writes the study."""
+        """The study lock (autotune.tuner.fleet): one worker at a time reads-then-writes it."""
         try:
             with study_lock(self.storage_url, self.study_name):
                 yield
@@ -631,7 +630,7 @@ class Runner:
     @contextlib.contextmanager
     def _published(self, p: launch.TrialPlan) -> Iterator[None]:
         """For a trial across machines without a cluster launcher: publish it on the study while
-        it runs, for the other nodes' ``autotune agent`` to start their part (autotune.agent)."""
+        it runs, for the other nodes' ``autotune agent`` to start their part (tuner.agent)."""
         if self.nodes is None or self.nodes.template is not None:
             yield
             return
@@ -648,7 +647,7 @@ class Runner:
         """A failed trial across machines started by agents, with its cause found on whichever
         node it happened: this node's ranks often only see a peer close the connection, while
         the rank that failed wrote its report on another machine. Its agent publishes that on
-        the study (autotune.agent); this waits up to NODE_REPORT_WAIT_S for every agent's word."""
+        the study (tuner.agent); this waits up to NODE_REPORT_WAIT_S for every agent's word."""
         local = raw.result
         failed = local is None or "failed_at" in local
         if self.nodes is None or self.nodes.template is not None or not failed \
@@ -679,7 +678,7 @@ class Runner:
         run nothing but its MFU figures."""
         if not self.opts.probe:
             return
-        from autotune.probe import cached, probe, summary
+        from autotune.machine.probe import cached, probe, summary
 
         if cached(self.hw) is None:
             self.reporter.note("probing this machine once (peaks for MFU; cached per "
@@ -901,12 +900,13 @@ class Runner:
 
         flops = self.study.user_attrs.get("flops")
         with self._devices() as (gpus, env):
+            spec = TrialSpec(
+                self.workload_spec, config, self.hw.device, MeasureSettings.from_dict(measure),
+                memory_limit_bytes=self.limit, address_space_bytes=self.opts.address_space_bytes,
+                flops_per_sample=(flops or {}).get("per_sample"),
+                flops_source=(flops or {}).get("source"), count_flops=flops is None)
             p = launch.plan(
-                workload={"spec": self.workload_spec.spec, "params": self.workload_spec.params},
-                config=config, device=self.hw.device, workdir=workdir, timeout_s=timeout,
-                measure=measure, memory_limit_bytes=self.limit,
-                address_space_bytes=self.opts.address_space_bytes, flops=flops,
-                count_flops=flops is None, extra_env=env, nodes=self.nodes,
+                spec, workdir=workdir, timeout_s=timeout, extra_env=env, nodes=self.nodes,
                 rdzv_id=f"{self.study_name}-{workdir.parent.name}-{workdir.name}")
             monitor = GpuMonitor(gpus) if self.hw.device == "cuda" else None
             with self._published(p):
@@ -968,10 +968,7 @@ class Runner:
 
     def _confirm_measure(self) -> dict[str, Any]:
         """Longer windows than a trial's (twice as long), within the same measuring budget."""
-        from autotune.bench import DEFAULT_MEASURE
-
-        base = {**DEFAULT_MEASURE, **self.opts.measure}
-        return {**base, "min_window_s": 2 * float(base["min_window_s"])}
+        return MeasureSettings.from_dict(self.opts.measure).with_longer_windows().to_dict()
 
     def _candidates(self, trials: list[FrozenTrial]) -> list[Candidate]:
         """The top configs by their trial (distinct, ok, within the limit) and the baseline."""

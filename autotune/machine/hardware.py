@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 
 import autotune
+from autotune.machine import nvml
+from autotune.units import SIZE_UNITS, format_bytes, parse_size
 
 
 @dataclass(frozen=True)
@@ -180,66 +182,10 @@ def _cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _visible_indices(count: int) -> list[int]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    picked = []
-    for part in visible.split(","):
-        part = part.strip()
-        if not part.isdigit():  # UUIDs, MIG names, "-1": take none rather than guess
-            return [] if part in ("", "-1") else list(range(count))
-        if int(part) < count:
-            picked.append(int(part))
-    return picked
-
-
-FAKE_NVML_ENV = "AUTOTUNE_FAKE_NVML"
-
-
-def nvml() -> Any:
-    """The NVML binding: ``pynvml`` (from nvidia-ml-py), or the fake NVML of
-    ``autotune.testing`` when ``AUTOTUNE_FAKE_NVML`` names a machine file (tests only).
-    Raises ImportError when nvidia-ml-py is missing."""
-    path = os.environ.get(FAKE_NVML_ENV)
-    if path:
-        from autotune.testing.nvml import FakeNVML
-
-        return FakeNVML.from_file(path)
-    import pynvml
-
-    return pynvml
-
-
-def text(value: Any) -> str:
-    """NVML returns bytes from older bindings and str from newer ones."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def nvml_call(func: Any, *args: Any) -> Any:
-    """One NVML query, or None where this GPU or driver does not support it."""
-    try:
-        return func(*args)
-    except Exception:  # NVMLError_NotSupported, NoPermission, FunctionNotFound, ...
-        return None
-
-
-def nvlink_links(nv: Any, handle: Any) -> int | None:
-    """Active NVLink links of one GPU; None where NVML has no NVLink (PCIe-only parts)."""
-    active, supported = 0, False
-    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
-        state = nvml_call(nv.nvmlDeviceGetNvLinkState, handle, link)
-        if state is None:
-            continue
-        supported = True
-        active += int(state == 1)
-    return active if supported else None
-
-
 def _nvml_gpus() -> tuple[list[GPU], str | None, str | None]:
     """GPUs through NVML; ([], None, reason) when there is no usable NVIDIA driver."""
     try:
-        nv = nvml()
+        nv = nvml.binding()
     except ImportError:
         return [], None, "nvidia-ml-py is not installed"
     try:
@@ -247,20 +193,20 @@ def _nvml_gpus() -> tuple[list[GPU], str | None, str | None]:
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return [], None, f"no NVIDIA driver ({exc.__class__.__name__})"
     try:
-        driver = text(nv.nvmlSystemGetDriverVersion())
+        driver = nvml.text(nv.nvmlSystemGetDriverVersion())
         gpus = []
-        for i in _visible_indices(nv.nvmlDeviceGetCount()):
+        for i in nvml.visible_indices(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(i)
             mem = nv.nvmlDeviceGetMemoryInfo(handle).total
             cc = tuple(nv.nvmlDeviceGetCudaComputeCapability(handle))
-            gen = nvml_call(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle)
-            width = nvml_call(nv.nvmlDeviceGetMaxPcieLinkWidth, handle)
-            gpus.append(GPU(index=i, name=text(nv.nvmlDeviceGetName(handle)),
+            gen = nvml.call(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+            width = nvml.call(nv.nvmlDeviceGetMaxPcieLinkWidth, handle)
+            gpus.append(GPU(index=i, name=nvml.text(nv.nvmlDeviceGetName(handle)),
                             memory_total_bytes=int(mem),
                             compute_capability=(int(cc[0]), int(cc[1])),
                             pcie_max_gen=int(gen) if gen else None,
                             pcie_max_width=int(width) if width else None,
-                            nvlink_links=nvlink_links(nv, handle)))
+                            nvlink_links=nvml.nvlink_links(nv, handle)))
         return gpus, driver, None
     except Exception as exc:  # a GPU lost mid-read: the run goes on the CPU and says why
         return [], None, f"NVML failed while reading the GPUs ({type(exc).__name__}: {exc})"
@@ -331,26 +277,11 @@ def detect() -> Hardware:
     )
 
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
-          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
-          "tib": 2**40}
-
-
 def describe_fingerprint(fp: dict[str, Any]) -> str:
     """Where a study or profile was measured, in a few words, from its stored fingerprint."""
     if fp.get("gpus"):
         return f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}"
     return f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores"
-
-
-def format_duration(seconds: float) -> str:
-    """``12m 00s`` or ``45s``."""
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def format_bytes(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def memory_limit(spec: str | None, hw: Hardware) -> int:
@@ -364,19 +295,13 @@ def memory_limit(spec: str | None, hw: Hardware) -> int:
     base = hw.device_memory_bytes
     if spec is None:
         return int(base * (0.9 if hw.device == "cuda" else 0.8))
-    text = spec.strip().lower().replace(" ", "")
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = float("nan")
-    if unit not in _UNITS or not value > 0:
+    value, unit = parse_size(spec)
+    if unit not in SIZE_UNITS or not value > 0:
         raise UsageError(f"--memory-limit must be a size like 20GiB or a fraction like 0.8, "
                          f"got {spec!r}")
     if unit == "" and value <= 1.0:
         return int(base * value)
-    limit = int(value * _UNITS[unit])
+    limit = int(value * SIZE_UNITS[unit])
     ceiling = hw.device_memory_ceiling
     if limit > ceiling:
         what = "GPU memory" if hw.device == "cuda" else "RAM"

@@ -113,7 +113,7 @@ class Measurement:
     # DDP arguments that were applied.
     ranks: list[dict[str, Any]] = field(default_factory=list)
     ddp: dict[str, Any] = field(default_factory=dict)
-    # The GPUs as NVML saw them during the timed windows (monitor.summarize); empty on CPU.
+    # The GPUs as NVML saw them during the timed windows (machine.monitor.summarize); empty on CPU.
     gpu: dict[str, Any] = field(default_factory=dict)
     # Efficiency, set by the tuner from the study's FLOPs per sample and the probe's peak:
     # FLOPs per sample and where the figure came from, and achieved / peak FLOP/s.

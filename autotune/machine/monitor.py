@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from autotune.hardware import nvml, nvml_call
+from autotune.machine import nvml
 
 INTERVAL_S = 0.1
 PCIE_EVERY = 10  # a PCIe throughput read samples for 20 ms inside NVML: once a second is enough
@@ -35,7 +35,7 @@ class GpuMonitor:
 
     def start(self) -> GpuMonitor:
         try:
-            self._nv = self._nv or nvml()
+            self._nv = self._nv or nvml.binding()
             self._nv.nvmlInit()
         except Exception as exc:  # no driver, no binding: the trial runs unwatched
             self.error = f"{type(exc).__name__}: {exc}"
@@ -61,44 +61,39 @@ class GpuMonitor:
             self._thread = None
         return self.samples
 
+    def summary(self, span: tuple[float, float] | None) -> dict[str, Any]:
+        """The samples' statistics over ``span`` (the trial's timed windows): ``summarize``."""
+        return summarize(self.samples, span)
+
     def _run(self, handles: dict[int, Any]) -> None:
         nv, tick = self._nv, 0
         while not self._stop.is_set():
             t = time.time()
             for index, h in handles.items():
                 s: dict[str, Any] = {"t": t, "gpu": index}
-                util = nvml_call(nv.nvmlDeviceGetUtilizationRates, h)
+                util = nvml.call(nv.nvmlDeviceGetUtilizationRates, h)
                 if util is not None:
                     s["gpu_util"] = float(util.gpu)
-                mem = nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+                mem = nvml.call(nv.nvmlDeviceGetMemoryInfo, h)
                 if mem is not None:
                     s["memory_used_bytes"] = int(mem.used)
-                power = nvml_call(nv.nvmlDeviceGetPowerUsage, h)
+                power = nvml.call(nv.nvmlDeviceGetPowerUsage, h)
                 if power is not None:
                     s["power_w"] = power / 1000.0
-                temp = nvml_call(nv.nvmlDeviceGetTemperature, h,
+                temp = nvml.call(nv.nvmlDeviceGetTemperature, h,
                                  getattr(nv, "NVML_TEMPERATURE_GPU", 0))
                 if temp is not None:
                     s["temp_c"] = float(temp)
                 if tick % PCIE_EVERY == 0:
                     for key, counter in (("pcie_tx_mbs", "NVML_PCIE_UTIL_TX_BYTES"),
                                          ("pcie_rx_mbs", "NVML_PCIE_UTIL_RX_BYTES")):
-                        kbs = nvml_call(nv.nvmlDeviceGetPcieThroughput, h,
+                        kbs = nvml.call(nv.nvmlDeviceGetPcieThroughput, h,
                                         getattr(nv, counter, 0 if "TX" in counter else 1))
                         if kbs is not None:
                             s[key] = kbs / 1000.0  # NVML reports KB/s
                 self.samples.append(s)
             tick += 1
             self._stop.wait(max(0.0, self.interval_s - (time.time() - t)))
-
-
-def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
-    """Wall-clock start and end of a trial's timed windows, from its progress events (each
-    window's event is written at its end, with its length)."""
-    windows = [e for e in events if e.get("event") == "window" and "t" in e]
-    if not windows:
-        return None
-    return float(windows[0]["t"]) - float(windows[0].get("seconds", 0.0)), float(windows[-1]["t"])
 
 
 _FIELDS = ("gpu_util", "power_w", "temp_c", "memory_used_bytes", "pcie_tx_mbs",

@@ -14,11 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import launch
 from autotune.errors import UsageError
-from autotune.hardware import Hardware, detect
-from autotune.measurement import INTERRUPTED, Measurement, classify
+from autotune.machine.hardware import Hardware, detect
 from autotune.profile import Profile
+from autotune.trial import launch
+from autotune.trial.measurement import INTERRUPTED, Measurement, classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec
 
 
 @dataclass
@@ -56,6 +58,15 @@ def check_target(profile: Profile, hw: Hardware) -> None:
                          "was tuned on")
 
 
+def measure_settings(profile: Profile) -> MeasureSettings:
+    """How the profile's figure was measured (``result.measure``), to measure it again alike."""
+    try:
+        return MeasureSettings.from_dict(profile.result.get("measure"))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"the profile's result.measure is not this autotune's ({exc}); "
+                         "re-export the profile with this version's `autotune run`") from None
+
+
 def check_profile(profile: Profile, *, rounds: int, threshold: float,
                   trial_timeout_s: float = 600.0,
                   on_round: Callable[[int, Measurement], None] | None = None,
@@ -69,14 +80,14 @@ def check_profile(profile: Profile, *, rounds: int, threshold: float,
     hw = hw or detect()
     check_target(profile, hw)
     result = CheckResult(recorded=profile.samples_per_sec, threshold=threshold)
+    spec = TrialSpec(
+        WorkloadSpec(profile.workload.get("spec") or profile.workload["name"],
+                     dict(profile.workload.get("params") or {})),
+        profile.config, hw.device, measure_settings(profile),
+        memory_limit_bytes=profile.result.get("memory_limit_bytes"))
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         for r in range(rounds):
-            p = launch.plan(
-                workload={"spec": profile.workload.get("spec") or profile.workload["name"],
-                          "params": profile.workload.get("params") or {}},
-                config=profile.config, device=hw.device, workdir=Path(tmp) / str(r + 1),
-                timeout_s=trial_timeout_s, measure=profile.result.get("measure") or {},
-                memory_limit_bytes=profile.result.get("memory_limit_bytes"))
+            p = launch.plan(spec, workdir=Path(tmp) / str(r + 1), timeout_s=trial_timeout_s)
             m = classify(launch.execute(p), hw.device)
             if m.ended_by == INTERRUPTED:
                 raise KeyboardInterrupt

@@ -1,0 +1,264 @@
+"""The probe's measurements, run in subprocesses (``python -m autotune.machine.probe.kernels
+cpu|gpu|allreduce [ALGO] OUT.json``): CPU GEMM peaks (fp32, bf16) and memory bandwidth; per GPU
+host-to-device and device-to-host copies from pinned and pageable memory, device memory bandwidth
+and matmul peaks (fp32, tf32, bf16, fp16); all-reduce bus bandwidth across the GPUs per NCCL
+algorithm (nccl-tests' busbw: algbw x 2(n-1)/n). torch is imported only in the subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.machine import nvml
+
+ALLREDUCE_BYTES = (2**20, 32 * 2**20, 256 * 2**20)
+NCCL_ALGOS = ("default", "Ring", "Tree")
+CPU_GEMM_CALL_S = 0.05  # a CPU GEMM size slower than this per call is the largest tried
+
+
+def _best_rate(fn: Callable[..., Any], amount: float, sync: Callable[[], None],
+               seconds: float = 0.6, blocks: int = 3,
+               agree: Callable[[float], float] | None = None) -> float:
+    """The best rate (amount per second) over ``blocks`` timed blocks of repeated calls: a
+    peak is the best a part does, not its average under whatever else the machine runs.
+    ``agree`` turns this process's time of one call into the one all ranks use, so that ranks
+    of a collective make the same number of calls."""
+    fn()
+    sync()
+    t = time.perf_counter()
+    fn()
+    sync()
+    once = time.perf_counter() - t
+    if agree is not None:
+        once = agree(once)
+    reps = max(1, int(seconds / blocks / max(once, 1e-6)))
+    best = 0.0
+    for _ in range(blocks):
+        sync()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        best = max(best, amount * reps / (time.perf_counter() - t))
+    return best
+
+
+def _figure(value: float, unit: str, **extra: Any) -> dict[str, Any]:
+    return {"value": round(value, 4 if unit == "TFLOP/s" else 2), "unit": unit, **extra}
+
+
+def measure_cpu() -> dict[str, Any]:
+    """GEMM peak per dtype (the best of square sizes up to 2048) and copy bandwidth, all cores.
+
+    Sizes grow only while one call stays short: a CPU without native bf16 emulates it about 100x
+    slower than fp32 (measured: 2.3 s for one 1024^2 bf16 GEMM on a 2-core AVX2 EPYC), and a
+    2048^2 one there would take the probe minutes."""
+    import torch
+
+    figures = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        best, size = 0.0, 0
+        for n in (512, 1024, 2048):
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            t = time.perf_counter()
+            torch.mm(a, b)
+            once = time.perf_counter() - t
+            # Longer than the GPU's: a shared CPU's GEMM rate swings by 2x within seconds
+            # (measured on a 2-core VM, bf16), and a peak is the best it reaches.
+            rate = _best_rate(lambda a=a, b=b: torch.mm(a, b), 2 * n**3 / 1e12, lambda: None,
+                              seconds=1.2, blocks=4 if once < 0.1 else 2)
+            if rate > best:
+                best, size = rate, n
+            if once > CPU_GEMM_CALL_S:
+                break
+        figures[f"cpu.gemm.{name}"] = _figure(best, "TFLOP/s", size=size,
+                                              threads=torch.get_num_threads())
+    n = 256 * 2**20 // 4
+    src, dst = torch.ones(n), torch.zeros(n)
+    # STREAM's copy convention: bytes read plus bytes written.
+    rate = _best_rate(lambda: dst.copy_(src), 2 * n * 4 / 1e9, lambda: None, seconds=1.0)
+    figures["cpu.memory_bandwidth"] = _figure(rate, "GB/s", bytes=n * 4, kind="copy")
+    return {"figures": figures}
+
+
+def measure_gpus() -> dict[str, Any]:
+    """Per visible GPU: pinned and pageable copies both ways (256 MiB), device memory bandwidth
+    (a 1 GiB copy), matmul peaks (8192^2); the PCIe link as NVML reads it under load."""
+    import torch
+
+    figures: dict[str, Any] = {}
+    under_load: dict[str, Any] = {}
+    try:
+        nv = nvml.binding()
+        nv.nvmlInit()
+    except Exception:
+        nv = None
+    for local in range(torch.cuda.device_count()):
+        dev = torch.device("cuda", local)
+        # Figures are named by NVML's index, as the inventory names the GPUs: found through
+        # the PCI bus (CUDA numbers GPUs fastest first, NVML by bus).
+        handle = nvml.call(nv.nvmlDeviceGetHandleByPciBusId, _bus_id(dev)) \
+            if nv is not None else None
+        index = nvml.call(nv.nvmlDeviceGetIndex, handle) if handle is not None else None
+        index = local if index is None else int(index)
+        torch.cuda.set_device(dev)
+        found, link = _measure_gpu(dev, nv)
+        figures.update({f"gpu{index}.{k}": v for k, v in found.items()})
+        if link:
+            under_load[str(index)] = link
+        torch.cuda.empty_cache()
+    if nv is not None:
+        nv.nvmlShutdown()
+    return {"figures": figures, "pcie_under_load": under_load}
+
+
+def _measure_gpu(dev: Any, nv: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    import torch
+
+    def sync() -> None:
+        torch.cuda.synchronize(dev)
+
+    figures: dict[str, Any] = {}
+    link: dict[str, Any] = {}
+    size = 256 * 2**20
+    gpu = torch.empty(size, dtype=torch.uint8, device=dev)
+    for kind, host in (("pinned", torch.empty(size, dtype=torch.uint8, pin_memory=True)),
+                       ("pageable", torch.empty(size, dtype=torch.uint8))):
+        host.fill_(1)
+
+        def h2d(h: Any = host) -> Any:
+            return gpu.copy_(h, non_blocking=True)
+
+        def d2h(h: Any = host) -> Any:
+            return h.copy_(gpu, non_blocking=True)
+
+        figures[f"h2d_{kind}"] = _figure(_best_rate(h2d, size / 1e9, sync), "GB/s", bytes=size)
+        if kind == "pinned" and nv is not None:
+            link = _link_now(nv, dev, h2d)
+        figures[f"d2h_{kind}"] = _figure(_best_rate(d2h, size / 1e9, sync), "GB/s", bytes=size)
+    n = 2**30
+    src = torch.ones(n, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+
+    def copy() -> Any:
+        return dst.copy_(src)
+
+    figures["memory_bandwidth"] = _figure(_best_rate(copy, 2 * n / 1e9, sync), "GB/s", bytes=n,
+                                          kind="copy")
+    n = 8192
+    for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+                              ("bf16", torch.bfloat16, False), ("fp16", torch.float16, False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        a = torch.randn(n, n, dtype=dtype, device=dev)
+        b = torch.randn(n, n, dtype=dtype, device=dev)
+
+        def mm(a: Any = a, b: Any = b) -> Any:
+            return torch.mm(a, b)
+
+        figures[f"matmul.{name}"] = _figure(_best_rate(mm, 2 * n**3 / 1e12, sync), "TFLOP/s",
+                                            size=n)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return figures, link
+
+
+def _bus_id(dev: Any) -> bytes:
+    import torch
+
+    props: Any = torch.cuda.get_device_properties(dev)
+    return (f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:"
+            f"{props.pci_device_id:02x}.0").encode()
+
+
+def _link_now(nv: Any, dev: Any, copy: Callable[[], Any]) -> dict[str, Any]:
+    """The PCIe link NVML reports while copies keep it busy (an idle GPU trains down)."""
+    import torch
+
+    handle = nvml.call(nv.nvmlDeviceGetHandleByPciBusId, _bus_id(dev))
+    if handle is None:
+        return {}
+    for _ in range(20):
+        copy()
+    gen = nvml.call(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+    width = nvml.call(nv.nvmlDeviceGetCurrPcieLinkWidth, handle)
+    torch.cuda.synchronize(dev)
+    return {"gen": gen, "width": width, "under_load": True} if gen and width else {}
+
+
+def measure_allreduce(algo: str) -> dict[str, Any] | None:
+    """One rank of the all-reduce test (torchrun starts one per GPU; NCCL_ALGO is set in the
+    environment): busbw per message size, as nccl-tests computes it. Rank 0 returns it."""
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")  # gloo: for the tests
+    if cuda:
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dist.init_process_group("gloo")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    world = dist.get_world_size()
+    figures = {}
+    for size in ALLREDUCE_BYTES:
+        t = torch.ones(size // 4, dtype=torch.float32, device=dev)
+
+        def once(t: Any = t) -> None:
+            dist.all_reduce(t)
+
+        algbw = _best_rate(once, size / 1e9, sync, seconds=0.5,
+                           agree=lambda x: _agreed(x, dist.ReduceOp.MAX, dev))
+        # The slowest rank's view decides: the minimum bandwidth over the ranks.
+        agreed = torch.tensor([algbw], device=dev)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        busbw = float(agreed.item()) * 2 * (world - 1) / world
+        figures[f"allreduce.{algo}.{size}"] = _figure(busbw, "GB/s", bytes=size, ranks=world,
+                                                       algbw=round(float(agreed.item()), 2))
+    rank = dist.get_rank()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"figures": figures} if rank == 0 else None
+
+
+def _agreed(value: float, op: Any, dev: Any) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.machine.probe.kernels cpu|gpu|allreduce [ALGO] OUT.json``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] not in ("cpu", "gpu", "allreduce"):
+        print("usage: python -m autotune.machine.probe.kernels cpu|gpu|allreduce [ALGO] "
+              "OUT.json",
+              file=sys.stderr)
+        return 2
+    if args[0] == "cpu":
+        out: dict[str, Any] | None = measure_cpu()
+    elif args[0] == "gpu":
+        out = measure_gpus()
+    else:
+        out = measure_allreduce(args[1])
+    if out is not None:
+        path = Path(args[-1])
+        path.with_suffix(".tmp").write_text(json.dumps(out))
+        path.with_suffix(".tmp").replace(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The measured training loop. Runs inside the trial process, never in the tuner.
+
+``python -m autotune.trial.bench SPEC.json RESULT.json PROGRESS.jsonl``. The spec
+(``trial.spec.TrialSpec``) names the workload, the config and the measuring settings; the result is
+one JSON document (schema in ``trial.measurement``); progress lines (one JSON object per event) let
+the tuner show windows as they come and keep them if the trial is killed at its timeout.
+
+Protocol (``loop.py``):
+  warm-up  whole optimizer steps, timed one by one, until two consecutive steps agree within
+           ``warmup_tolerance`` (allocator growth, cuDNN autotuning, lazy init are over), or a
+           step/time cap is hit;
+  windows  k whole optimizer steps each, k chosen so a window lasts ``min_window_s``; the device
+           is synchronised only at window edges; data loading is inside the window;
+  stop     after ``min_windows`` once the spread (CV) is under ``target_cv``, or at
+           ``max_windows``, or when ``max_seconds`` (warm-up included) is spent. A config
+           too slow to warm up and time one window in that budget ends early as ``timeout``.
+
+The parts: ``build`` (the workload for the config, applied), ``loop`` (warm-up and windows),
+``ranks`` (agreeing across ranks, timing the all-reduce), ``device`` (batches, peak memory),
+``flops`` and ``process`` (the progress file, the tie to the tuner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import one_line
+from autotune.trial.bench.process import Progress, tie_to_tuner, write_json
+from autotune.trial.bench.ranks import Ranks
+from autotune.trial.measurement import RESULT_SCHEMA, is_oom, merge_ranks
+from autotune.trial.spec import TrialSpec
+
+
+def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> dict[str, Any]:
+    """Build the workload for the config and measure it; returns this rank's result document.
+
+    A failure is reported as data; ``failed_at`` marks one this rank hit on its own (an
+    exception), as opposed to an outcome all ranks agreed on (too slow to measure).
+    """
+    t_enter = time.time()
+    import torch
+
+    from autotune.trial.bench.device import Memory
+
+    ranks = ranks or Ranks()
+    if ranks.world != spec.config.world_size:
+        raise SystemExit(f"autotune.trial.bench: WORLD_SIZE is {ranks.world} but the config "
+                         f"asks for {spec.config.world_size} rank(s)")
+    device = torch.device("cuda", ranks.local_rank) \
+        if spec.device == "cuda" else torch.device("cpu")
+    memory = Memory(device)
+    timings: dict[str, float] = {"imports_s": time.time() - t_enter}
+    result: dict[str, Any] = {"schema": RESULT_SCHEMA, "status": "error", "reason": None,
+                              "windows": [], "timings": timings, "memory_source": memory.source,
+                              "device": device.type, "torch_version": torch.__version__,
+                              "threads": torch.get_num_threads(), "peak_memory_bytes": 0,
+                              "rank": ranks.rank, "world_size": ranks.world}
+    try:
+        _measure(spec, device, memory, result, progress, ranks)
+    except BaseException as exc:  # noqa: BLE001 - the trial reports every failure as data
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result["status"] = "oom" if is_oom(exc) else "error"
+        result["reason"] = one_line(exc)
+        result["failed_at"] = time.time()
+        traceback.print_exc(file=sys.stderr)
+    with contextlib.suppress(Exception):
+        result["peak_memory_bytes"] = memory.peak()
+    return result
+
+
+def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
+             progress: Progress, ranks: Ranks) -> None:
+    """Build, warm up, time the windows, count FLOPs: the result's fields as they come."""
+    from autotune.trial.bench.build import build
+    from autotune.trial.bench.flops import flops_for
+    from autotune.trial.bench.loop import TooSlow, measure_windows, warm_up
+
+    timings, settings = result["timings"], spec.measure
+    t0 = time.time()
+    memory.reset()
+    trainer = build(spec, device, ranks, result)
+    timings["build_s"] = time.time() - t0
+    progress.emit("built", build_s=timings["build_s"])
+    t_warm = time.time()
+    try:
+        warm = warm_up(trainer, settings, progress)
+    except TooSlow as slow:
+        result["status"] = "timeout"
+        result["reason"] = (f"one optimizer step takes ~{slow.step_s:.1f}s; warm-up and a window "
+                            f"do not fit the {settings.max_seconds:.0f}s measuring budget")
+        result["first_step_samples_per_sec"] = slow.rate
+        timings["warmup_s"] = time.time() - t_warm
+        return
+    timings["warmup_s"] = time.time() - t_warm
+    result["warmup"] = {"steps": len(warm.step_times), "seconds": timings["warmup_s"],
+                        "ended_by": warm.ended_by, "step_times_s": warm.step_times}
+    if trainer.comm is not None:
+        trainer.comm.take_wait()  # warm-up's communication is not part of any window
+    t_measure = time.time()
+    steps = measure_windows(trainer, settings, progress, warm, result["windows"])
+    timings["measure_s"] = time.time() - t_measure
+    result.update(status="ok", steps_per_window=steps)
+    if trainer.comm is not None:
+        result["comm"] = {"calls_by_micro": {str(k): v for k, v in
+                                             sorted(trainer.comm.calls_by_micro.items())},
+                          "buckets_per_sync": trainer.comm.last_step_buckets,
+                          "sync_each_micro": settings.sync_each_micro}
+    result.update(flops_for(spec, trainer.workload, trainer.module, trainer.dataset, device,
+                            trainer.amp_dtype))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (2, 3):
+        print("usage: python -m autotune.trial.bench SPEC.json RESULT.json [PROGRESS.jsonl]",
+              file=sys.stderr)
+        return 2
+    spec = TrialSpec.from_json(json.loads(Path(args[0]).read_text()))
+    tie_to_tuner()
+    limit = spec.address_space_bytes
+    if limit:  # before torch is imported, so every allocation counts against it
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    ranks = Ranks()
+    progress = Progress(args[2] if len(args) == 3 and ranks.reports else None)
+    result = run(spec, progress, ranks)
+    with contextlib.suppress(Exception):
+        import psutil
+
+        result["timings"]["process_start_to_end_s"] = time.time() - psutil.Process().create_time()
+    if ranks.world > 1 and "failed_at" in result:
+        # The other ranks may be stuck in a collective and cannot be gathered: leave this rank's
+        # report next to the result and exit non-zero, which makes torchrun end the group.
+        write_json(f"{args[1]}.rank{ranks.rank}", result)
+        sys.stdout.flush()
+        os._exit(1)
+    docs = ranks.gather(result)
+    if ranks.reports:
+        write_json(args[1], merge_ranks(docs))
+    # No rank leaves before the reporting rank has written: an early exit could cut the
+    # gather short.
+    ranks.barrier()
+    sys.stdout.flush()
+    # Skip interpreter teardown (loader workers, CUDA, the process group): the result is
+    # written; exit now.
+    os._exit(0)

@@ -1,0 +1,5 @@
+import sys
+
+from autotune.trial.bench import main
+
+sys.exit(main())
