@@ -23,6 +23,7 @@ run: setup
 lint: setup
 	$(BIN)/ruff check autotune objectives tests benchmarks examples
 	$(BIN)/mypy autotune
+	$(BIN)/lint-imports --no-cache
 
 # Two test runs: most tests two at a time, then the `serial` ones alone, since they compare
 # timings. Both always run, and share one probe cache (the machine is probed once).

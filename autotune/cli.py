@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner import options
 
 if TYPE_CHECKING:
     from autotune.profile import Profile
@@ -26,8 +28,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 F = TypeVar("F", bound=Callable[..., Any])
 Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
-# Where `autotune run` keeps its studies unless told otherwise (the embedded default).
-DEFAULT_STORAGE = "sqlite:///studies/autotune.db"
+# The run's defaults, defined once: the measuring settings in trial.spec, the rest in
+# tuner.options (both light: no torch, no Optuna).
+MEASURE = MeasureSettings()
+DEFAULT_STORAGE = options.DEFAULT_STORAGE
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -125,19 +129,20 @@ def run(
         help="Directory for the profile and trial logs (default: studies/<study>)")] = None,
     seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
     trial_timeout: Annotated[str, typer.Option(
-        help="Hard limit per trial (process start to exit)")] = "180s",
+        help="Hard limit per trial (process start to exit)")
+    ] = f"{options.DEFAULT_TRIAL_TIMEOUT_S:g}s",
     trial_seconds: Annotated[float, typer.Option(
-        help="Measuring budget per trial, warm-up included")] = 60.0,
+        help="Measuring budget per trial, warm-up included")] = MEASURE.max_seconds,
     window_seconds: Annotated[float, typer.Option(
-        help="Minimum length of one timed window")] = 1.0,
+        help="Minimum length of one timed window")] = MEASURE.min_window_s,
     patience: Annotated[int, typer.Option(
         help="Stop when this many trials in a row beat the best by no more than the noise "
-             "(0: never stop early)")] = 10,
+             "(0: never stop early)")] = options.PATIENCE,
     confirm_top: Annotated[int, typer.Option(
         help="Configs re-measured at the end, interleaved with the baseline, to pick the "
-             "winner (0: no confirmation)")] = 3,
+             "winner (0: no confirmation)")] = options.CONFIRM_TOP,
     confirm_rounds: Annotated[int, typer.Option(
-        help="Interleaved rounds of that re-measurement")] = 3,
+        help="Interleaved rounds of that re-measurement")] = options.CONFIRM_ROUNDS,
     prune: Annotated[bool, typer.Option(
         help="Stop trials whose first windows are clearly below the best")] = True,
     probe: Annotated[bool, typer.Option(
@@ -149,33 +154,20 @@ def run(
 ) -> None:
     """Tune a workload on this machine and export the winner as a profile."""
     from autotune.console import ConsoleReporter, JsonReporter
-    from autotune.tuner.runner import RunOptions
+    from autotune.machine.hardware import detect
+    from autotune.report import write_dashboard
     from autotune.tuner.runner import run as run_study
-    from autotune.workloads import parse_params
 
-    if trial_seconds <= 0 or window_seconds <= 0:
-        raise UsageError(f"--trial-seconds and --window-seconds must be positive, got "
-                         f"{trial_seconds:g} and {window_seconds:g}")
-    if patience < 0 or confirm_top < 0 or confirm_rounds < 2:
-        raise UsageError(f"--patience and --confirm-top must be >= 0 and --confirm-rounds >= 2 "
-                         f"(a spread needs two rounds), got {patience}, {confirm_top} and "
-                         f"{confirm_rounds}")
-    hard = parse_duration(trial_timeout, "--trial-timeout") or 180.0
-    if trial_seconds > hard * 2 / 3:
-        # Start-up, model build and the slow first step need room under the hard limit.
-        raise UsageError(f"--trial-seconds ({trial_seconds:g}s) must be at most 2/3 of "
-                         f"--trial-timeout ({hard:g}s); raise --trial-timeout to at least "
-                         f"{trial_seconds * 1.5:g}s")
-    opts = RunOptions(
-        model=model, params=parse_params(param or []), space=space, storage=storage,
-        study_name=study, trials=trials, timeout_s=parse_duration(timeout, "--timeout"),
-        memory_limit=memory_limit, out_dir=out, seed=seed,
-        trial_timeout_s=hard, nproc=nproc, global_batch=global_batch,
-        measure={"max_seconds": trial_seconds, "min_window_s": window_seconds},
-        patience=patience or None, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
-        prune=prune, probe=probe, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, launcher=launcher)
+    opts = options.from_flags(
+        hw=detect(), param=param or [], timeout=timeout, trial_timeout=trial_timeout,
+        trial_seconds=trial_seconds, window_seconds=window_seconds, patience=patience,
+        model=model, space=space, storage=storage, study_name=study, trials=trials,
+        memory_limit=memory_limit, out_dir=out, seed=seed, nproc=nproc,
+        global_batch=global_batch, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
+        prune=prune, probe=probe, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+        launcher=launcher)
     _sigterm_as_interrupt()
-    summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter())
+    summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter(), write_dashboard)
     if summary.best is None:
         counts = ", ".join(f"{n} {s}" for s, n in
                            sorted(Counter(t.status for t in summary.trials).items()))
@@ -308,7 +300,7 @@ def studies(
 ) -> None:
     """List the studies in a storage: measured trials, best samples/sec, speedup, last
     activity."""
-    from autotune.report import list_studies
+    from autotune.tuner.results import list_studies
 
     rows = list_studies(storage)
     if not rows:

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from autotune.config.knobs import Config
 from autotune.trial.measurement import Measurement
+from autotune.tuner.reporting import RunSummary, StartInfo
 from autotune.tuner.results import TrialView
-from autotune.tuner.runner import RunSummary, StartInfo
 from autotune.tuner.search import Candidate
 from autotune.units import format_bytes
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autotune.config.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
 from autotune.config.knobs import Config
 from autotune.errors import ProfileError
+from autotune.trial.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
 
 if TYPE_CHECKING:
     import torch

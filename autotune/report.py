@@ -119,68 +119,12 @@ def write_pngs(study: optuna.Study, folder: Path) -> list[Path]:
     return paths
 
 
-def open_existing(storage_url: str) -> optuna.storages.BaseStorage:
-    """Open a storage to read; a SQLite or journal file that is not there is an error, not a
-    new file."""
-    from autotune.errors import UsageError
-    from autotune.tuner.runner import open_storage
-
-    for scheme in ("sqlite:///", "journal:///"):
-        path = storage_url[len(scheme):]
-        if storage_url.startswith(scheme) and not Path(path).exists():
-            raise UsageError(f"no study storage at {path}: run `autotune run` first, or pass "
-                             "--storage URL")
-    return open_storage(storage_url)
-
-
 def load_for_dashboard(storage_url: str, study_name: str | None) -> tuple[optuna.Study, str]:
     """The study to draw: ``study_name``, else the only one, else the most recently started
     (the second value says which, and why). Never creates a storage that is not there."""
-    import optuna
+    from autotune.tuner.storage import choose_study
 
-    from autotune.errors import UsageError
-    from autotune.tuner.runner import redact
-
-    storage = open_existing(storage_url)
-    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
-    names = [s.study_name for s in summaries]
-    if study_name is not None:
-        if study_name not in names:
-            raise UsageError(f"no study {study_name!r} in {redact(storage_url)}; it has: "
-                             f"{', '.join(names) or 'none'}")
-        chosen, why = study_name, ""
-    elif not summaries:
-        raise UsageError(f"no study in {redact(storage_url)}: run `autotune run` first")
-    else:
-        latest = max(summaries, key=lambda s: s.datetime_start.timestamp()
-                     if s.datetime_start else 0.0)
-        chosen = latest.study_name
-        why = "" if len(names) == 1 else (f" (the most recently started of {len(names)}; "
-                                          "pass --study NAME for another)")
-    return optuna.load_study(study_name=chosen, storage=storage), why
-
-
-def list_studies(storage_url: str) -> list[dict[str, Any]]:
-    """One row per study: measured trials, best samples/sec, speedup, last activity."""
-    import optuna
-
-    from autotune.tuner.results import measured
-
-    storage = open_existing(storage_url)
-    rows = []
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        trials = recorded(study)
-        limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
-        best, base = confirmed_winner(study, trials, limit), pick_baseline(trials)
-        times = [t.datetime_complete or t.datetime_start for t in study.trials]
-        stamps = [t for t in times if t is not None]
-        rows.append({
-            "study": summary.study_name, "trials": len(measured(trials)),
-            "best_samples_per_sec": _rate(best) if best else None,
-            "speedup": _rate(best) / _rate(base) if best and base else None,
-            "last_activity": max(stamps) if stamps else summary.datetime_start})
-    return rows
+    return choose_study(storage_url, study_name)
 
 
 def serve_live(storage_url: str, port: int, on_ready: Any) -> None:
@@ -193,6 +137,8 @@ def serve_live(storage_url: str, port: int, on_ready: Any) -> None:
     class Quiet(WSGIRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
             pass
+
+    from autotune.tuner.storage import open_existing
 
     app = optuna_dashboard.wsgi(open_existing(storage_url))
     with make_server("127.0.0.1", port, app, handler_class=Quiet) as server:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from autotune import _data_dir
 from autotune.errors import WorkloadError, one_line
+from autotune.paths import data_dir
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Workload(Protocol):
-    """What a trial trains. ``bench.py`` owns the loop: autocast, scaling, accumulation, timing."""
+    """What a trial trains. ``trial.bench`` owns the loop: autocast, scaling, accumulation,
+    timing."""
 
     name: str
     default_micro_batch: int  # the batch a user would start from without tuning
@@ -71,7 +72,7 @@ class WorkloadSpec:
 
 
 def builtin_workloads() -> dict[str, Path]:
-    root = _data_dir("objectives")
+    root = data_dir("objectives")
     return {p.stem: p for p in sorted(root.glob("*.py")) if not p.name.startswith("_")}
 
 

@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import optuna  # noqa: E402
 
-import autotune.tuner.runner as study_module  # noqa: E402
+import autotune.tuner.storage as storage_module  # noqa: E402
 from autotune.console import QuietReporter  # noqa: E402
+from autotune.trial.spec import MeasureSettings  # noqa: E402
 from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
 
-FAST = {"max_seconds": 3.0, "min_window_s": 0.1}
+FAST = MeasureSettings(max_seconds=3.0, min_window_s=0.1)
 
 
 class Timer:
@@ -68,7 +69,7 @@ def instrument(timer: Timer) -> None:
             attr = getattr(cls, name)
             if not name.startswith("_") and callable(attr) and name not in ("engine",):
                 setattr(cls, name, timer.wrap(attr))
-    lock = study_module.study_lock
+    lock = storage_module.study_lock
 
     @contextlib.contextmanager
     def timed_lock(*args: Any, **kwargs: Any) -> Iterator[None]:
@@ -76,12 +77,12 @@ def instrument(timer: Timer) -> None:
         with lock(*args, **kwargs):
             timer.seconds += time.perf_counter() - start  # waiting for and taking the lock
             yield
-    study_module.study_lock = timed_lock  # type: ignore[assignment]
+    storage_module.study_lock = timed_lock  # type: ignore[assignment]
 
 
 def storage_overhead(url: str, trials: int, workdir: Path, timer: Timer) -> dict[str, float]:
     opts = RunOptions(model="mlp", storage=url, study_name=f"bench-{uuid.uuid4().hex[:8]}",
-                      trials=trials, out_dir=workdir / "out", measure=dict(FAST),
+                      trials=trials, out_dir=workdir / "out", measure=FAST,
                       confirm_top=0, patience=None, probe=False)
     before_s, before_calls = timer.seconds, timer.calls
     start = time.perf_counter()

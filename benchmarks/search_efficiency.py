@@ -54,6 +54,7 @@ from autotune.testing.hardware import fake_cpu  # noqa: E402
 from autotune.trial.launch import execute, plan  # noqa: E402
 from autotune.trial.measurement import PRUNED, Measurement, classify, median_and_cv  # noqa: E402
 from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.trial.spec import MeasureSettings  # noqa: E402
 from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
 from autotune.tuner.search import prune_reason  # noqa: E402
 from autotune.workloads import WorkloadSpec  # noqa: E402
@@ -225,11 +226,10 @@ class _ReplayRunner(Runner):
         self.table, self.rng, self.log = table, rng, log
         super().__init__(opts, QuietReporter())
 
-    def _run_config(self, config: Config, workdir: Path, timeout: float,
-                    measure: dict[str, Any], prune_below_best: float | None = None,
-                    report: bool = True) -> Measurement:
-        m = self.table.evaluate(_key(config), self.rng,
-                                prune_below_best if self.opts.prune else None)
+    def measure_config(self, config: Config, workdir: Path, timeout: float,
+                       settings: MeasureSettings, prune_below: float | None = None,
+                       report: bool = True) -> Measurement:
+        m = self.table.evaluate(_key(config), self.rng, prune_below)
         self.log.append((_key(config), m.samples_per_sec if m.ok else None))
         return m
 

@@ -21,8 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.profile import load_profile
-from autotune.tuner.results import measured
-from autotune.tuner.runner import recorded
+from autotune.tuner.results import measured, recorded
 from tests.conftest import FAST, ROOT, autotune
 
 pytestmark = pytest.mark.slow
@@ -140,7 +139,7 @@ def two_nodes(tmp_path: Path, study: str, *args: str,
     """The tuner and `autotune agent` as two 'nodes' on 127.0.0.1: separate device-lock
     directories, as separate machines have, and one journal file as their storage. Returns the
     tuner's run, the agent's output and the study's one recorded trial."""
-    from autotune.tuner.runner import open_storage
+    from autotune.tuner.storage import open_storage
 
     endpoint = f"127.0.0.1:{free_port()}"
     db = f"journal:///{tmp_path}/journal.log"  # the storage for clusters sharing only files
@@ -244,8 +243,7 @@ def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers
 
 
 def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
-    from autotune.errors import UsageError
-    from autotune.tuner.runner import check_nodes
+    from autotune.tuner.options import node_problems
 
     cases = {
         (2, None, None): "--nnodes 2 needs --rdzv-endpoint HOST:PORT",
@@ -255,8 +253,8 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
         (0, None, None): "--nnodes must be >= 1, got 0",
     }
     for args, message in cases.items():
-        with pytest.raises(UsageError, match=re.escape(message)):
-            check_nodes(*args)
+        (problem,) = node_problems(*args)
+        assert message in problem
     out = autotune("run", "--model", "mlp", "--trials", "1", "--nnodes", "2", cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in out.stderr
@@ -333,6 +331,6 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(
     assert trials[retry.number].user_attrs["worker"]["pid"] == os.getpid()
     # Seen from another host, the journal's heartbeat mark decides: the claim renewed the stale
     # one the retry inherited.
-    monkeypatch.setattr("autotune.tuner.runner.hostname", lambda: "another-host")
+    monkeypatch.setattr("autotune.tuner.claims.hostname", lambda: "another-host")
     b._recover_dead_trials()
     assert a.study.get_trials()[retry.number].state == TrialState.RUNNING

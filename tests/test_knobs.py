@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.config.apply import ddp_accepts, ddp_kwargs
 from autotune.config.knobs import KNOBS, Config, env_for, torch_takes
 from autotune.testing.hardware import fake_gpus
+from autotune.trial.apply import ddp_accepts, ddp_kwargs
 
 
 def test_config_round_trip_and_samples_per_step() -> None:

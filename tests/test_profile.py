@@ -183,7 +183,7 @@ def test_autocast_and_grad_scaler_follow_the_precision() -> None:
     with fp32.autocast("cpu"):
         assert layer(x).dtype == torch.float32
     assert not bf16.grad_scaler("cpu").is_enabled()  # bf16 needs no loss scaling
-    from autotune.config.apply import uses_grad_scaler
+    from autotune.trial.apply import uses_grad_scaler
 
     assert uses_grad_scaler(Config(amp="fp16"), "cuda")
     assert not uses_grad_scaler(Config(amp="bf16"), "cuda")

@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.profile import load_profile
-from autotune.tuner.runner import recorded
+from autotune.tuner.results import recorded
 from tests.conftest import FAST, autotune
 
 DB = "sqlite:///study.db"

@@ -16,8 +16,9 @@ from optuna.trial import TrialState
 
 from autotune.console import QuietReporter
 from autotune.profile import load_profile
-from autotune.tuner.results import measured
-from autotune.tuner.runner import Runner, RunOptions, recorded
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner.results import measured, recorded
+from autotune.tuner.runner import Runner, RunOptions
 from tests.conftest import FAST, ROOT, autotune
 
 DB = "sqlite:///study.db"
@@ -92,7 +93,7 @@ def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Pa
     (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [64]}\n")
     opts = RunOptions(model="autotune.testing.workloads:memhog",
                       params={"mib_per_sample": 256}, space="space.yaml", trials=2,
-                      storage=DB, measure={"min_window_s": 0.05, "max_seconds": 5},
+                      storage=DB, measure=MeasureSettings(min_window_s=0.05, max_seconds=5),
                       address_space_bytes=8 * 2**30)  # batch 64 x 256 MiB cannot be mapped
     summary = Runner(opts, QuietReporter()).run()
     statuses = {t.config.micro_batch_size: (t.status, t.reason) for t in summary.trials}

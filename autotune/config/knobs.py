@@ -3,7 +3,7 @@
 A knob is one system setting the tuner may change. Each knob knows how to parse a value from a
 search-space file, its baseline value (what a user runs without tuning), and when it does not apply
 to the hardware at hand. Pure: nothing here imports torch or touches the machine. How a config is
-applied (DataLoader, autocast, DDP) is in ``apply.py``, shared by trials and training scripts;
+applied (DataLoader, autocast, DDP) is in ``trial/apply.py``, shared by trials and training scripts;
 ``env_for`` below covers the knobs applied through the environment.
 """
 

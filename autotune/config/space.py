@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autotune import _data_dir
 from autotune.config.knobs import KNOBS, Config
 from autotune.errors import SpaceError, UsageError
+from autotune.paths import data_dir
 
 if TYPE_CHECKING:
     import optuna
@@ -65,7 +65,7 @@ class SearchSpace:
 
 def builtin_spaces() -> dict[str, Path]:
     """Search spaces that ship with autotune, by name."""
-    root = _data_dir("search_spaces")
+    root = data_dir("search_spaces")
     return {p.stem: p for p in sorted(root.glob("*.yaml"))}
 
 

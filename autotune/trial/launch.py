@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import psutil
 
-import autotune
 from autotune.config.knobs import env_for
+from autotune.paths import import_root
 from autotune.trial.measurement import RawResult, first_failure
 from autotune.trial.memory import TreeMemory
 from autotune.trial.spec import TrialSpec
@@ -324,8 +324,7 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
 def _with_package(pythonpath: str | None) -> str:
     """PYTHONPATH for a child process that imports autotune from wherever this process did
     (a source checkout or an installed package)."""
-    root = str(Path(autotune.__file__).resolve().parent.parent)
-    return os.pathsep.join(x for x in (root, pythonpath) if x)
+    return os.pathsep.join(x for x in (str(import_root()), pythonpath) if x)
 
 
 def _rank_files(result_path: str) -> list[str]:

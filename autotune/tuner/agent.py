@@ -25,8 +25,8 @@ from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.profile import fingerprint_diff
 from autotune.trial import launch
 from autotune.trial.measurement import node_failure
-from autotune.tuner.fleet import DeviceLock, study_lock, trial_devices
-from autotune.tuner.runner import NODE_REPORT, NODE_TRIAL, open_storage, redact
+from autotune.tuner.fleet import NODE_REPORT, NODE_TRIAL, DeviceLock, trial_devices
+from autotune.tuner.storage import open_storage, redact, study_lock
 
 POLL_S = 0.5
 

@@ -1,44 +1,36 @@
-"""What lets several tuners share one study and one machine: the study lock and the device lock.
+"""What lets several tuners share one study and one machine, and one trial span machines.
 
 Workers of a fleet (``autotune run --storage postgresql://...`` on several machines, or several
-on one) coordinate only through the study's storage and, on one machine, through lock files:
+on one) coordinate only through the study's storage (the study lock is in ``storage.py``) and, on
+one machine, through lock files:
 
-- The **study lock** serialises the few decisions that read the study and then write it: creating
-  the study and its attributes, queueing the baseline or a staged config, claiming a trial under
-  ``--trials``. On PostgreSQL it is a session advisory lock (the server drops it when a worker's
-  connection dies); on SQLite and journal files a ``flock`` on a file next to the storage's (the
-  kernel drops it when the process dies). Other databases get no lock: workers may then
-  overshoot ``--trials``.
 - The **device lock** keeps two workers on one machine from measuring on the same devices at the
   same time, which would corrupt both measurements: one ``flock`` per device (the CPU, each GPU by
   its NVML index) in a directory every user of the machine shares, taken in a fixed order.
+- The **node protocol** of a trial across machines without a cluster launcher: the tuner
+  publishes the trial on the study (``node_trial``), each other node's ``autotune agent`` starts
+  its part and says how it ended (``node_report:HOST:PID``), and the tuner reads those reports
+  when its trial failed, since the rank that failed may be on another machine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-import sqlalchemy
-from sqlalchemy import text
+import optuna
+
+from autotune.trial import launch
+from autotune.trial.launch import Nodes, TrialPlan
+from autotune.trial.measurement import RawResult, node_cause
 
 LOCK_POLL_S = 0.2
-_ENGINES: dict[str, Any] = {}
-
-
-def _engine(url: str) -> Any:
-    """One small connection pool per URL for the advisory lock, kept for the process."""
-    if url not in _ENGINES:
-        _ENGINES[url] = sqlalchemy.create_engine(url, pool_size=1, max_overflow=1,
-                                                 pool_pre_ping=True)
-    return _ENGINES[url]
 
 
 def lock_dir() -> Path:
@@ -151,36 +143,60 @@ def trial_devices(device: str, visible: list[int],
     return [f"gpu{i}" for i in indices], indices, env
 
 
-def _lock_key(study_name: str) -> int:
-    """A signed 64-bit advisory-lock key for the study."""
-    digest = hashlib.sha256(f"autotune:{study_name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+# -- trials across machines ----------------------------------------------------------------------
+
+NODE_TRIAL = "node_trial"  # the study attribute through which other nodes' agents join trials
+NODE_REPORT = "node_report"  # prefix of the attributes where agents say how their part ended
+NODE_REPORT_WAIT_S = 10.0  # how long a failed trial across machines waits for those reports
+
+
+def by_agents(nodes: Nodes | None) -> bool:
+    """Whether a trial's other nodes are started by ``autotune agent`` (no cluster launcher)."""
+    return nodes is not None and nodes.template is None
 
 
 @contextlib.contextmanager
-def study_lock(url: str, study_name: str) -> Iterator[None]:
-    """Hold the study lock (see the module's docstring) for the duration of the block."""
-    if url.startswith("postgresql"):
-        key = _lock_key(study_name)
-        engine = _engine(url)
-        with engine.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                conn.commit()
-    elif url.startswith(("sqlite:///", "journal:///")) and url != "sqlite:///:memory:":
-        path = Path(url.split(":///", 1)[1])
-        key = _lock_key(study_name) & 0xFFFFFFFF
-        fd = _open_lock(path.with_name(f"{path.name}.{key:08x}.lock"))
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-    else:
+def published(study: optuna.Study, p: TrialPlan, nodes: Nodes | None) -> Iterator[None]:
+    """For a trial across machines without a cluster launcher: publish it on the study while
+    it runs, for the other nodes' ``autotune agent`` to start their part (tuner.agent)."""
+    if not by_agents(nodes):
         yield
+        return
+    study.set_user_attr(NODE_TRIAL, {**launch.published(p), "state": "running",
+                                     "at": time.time()})
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            study.set_user_attr(NODE_TRIAL, {"id": p.rdzv_id, "state": "done", "at": time.time()})
+
+
+def with_other_nodes(study: optuna.Study, p: TrialPlan, raw: RawResult,
+                     nodes: Nodes | None) -> RawResult:
+    """A failed trial across machines started by agents, with its cause found on whichever
+    node it happened: this node's ranks often only see a peer close the connection, while the
+    rank that failed wrote its report on another machine. Its agent publishes that on the study
+    (tuner.agent); this waits up to NODE_REPORT_WAIT_S for every agent's word."""
+    local = raw.result
+    failed = local is None or "failed_at" in local
+    if nodes is None or not by_agents(nodes) or not failed or raw.interrupted or raw.stopped \
+            or raw.timed_out or raw.killed_for_memory:
+        return raw
+    deadline = time.monotonic() + NODE_REPORT_WAIT_S
+    while True:
+        attrs = study.user_attrs  # read anew from the storage each time
+        reports = [v for k, v in attrs.items() if k.startswith(f"{NODE_REPORT}:")
+                   and isinstance(v, dict) and v.get("id") == p.rdzv_id]
+        if len(reports) >= nodes.count - 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    cause = node_cause(local, [{**r["failure"], "host": r.get("host")} for r in reports
+                               if isinstance(r.get("failure"), dict)])
+    return raw if cause is local else replace(raw, result=cause)
+
+
+def close_nodes(study: optuna.Study, nodes: Nodes | None) -> None:
+    """Tell the other nodes' agents that this run has ended."""
+    if by_agents(nodes):
+        with contextlib.suppress(Exception):
+            study.set_user_attr(NODE_TRIAL, {"id": None, "state": "closed", "at": time.time()})

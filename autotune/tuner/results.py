@@ -1,5 +1,6 @@
 """Reading a study's results: which trials count, the best and the baseline, and the profile
-built from them. Pure functions over Optuna's frozen trials; the running lives in study.py."""
+built from them. Pure functions over Optuna's frozen trials (and ``list_studies``, which
+reads a storage through ``storage.py``); the running lives in runner.py."""
 
 from __future__ import annotations
 
@@ -252,5 +253,29 @@ def larger_over_limit(trials: list[FrozenTrial], config: Config,
     return number, micro
 
 
+def _rate(t: FrozenTrial) -> float:
+    return float(t.user_attrs["measurement"]["samples_per_sec"])
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def list_studies(storage_url: str) -> list[dict[str, Any]]:
+    """One row per study of an existing storage: measured trials, best samples/sec, speedup
+    (the trials' own figures, or the confirmation's winner), last activity."""
+    from autotune.tuner.storage import all_studies
+
+    rows = []
+    for study, summary in all_studies(storage_url):
+        trials = recorded(study)
+        limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
+        best, base = confirmed_winner(study, trials, limit), pick_baseline(trials)
+        times = [t.datetime_complete or t.datetime_start for t in study.trials]
+        stamps = [t for t in times if t is not None]
+        rows.append({
+            "study": summary.study_name, "trials": len(measured(trials)),
+            "best_samples_per_sec": _rate(best) if best else None,
+            "speedup": _rate(best) / _rate(base) if best and base else None,
+            "last_activity": max(stamps) if stamps else summary.datetime_start})
+    return rows

@@ -1,6 +1,6 @@
 """How trials are spent: the memory model, the staged start, pruning, early stop and the winner.
 
-Pure functions over what the study has observed (``Observation``); ``study.py`` runs the trials.
+Pure functions over what the study has observed (``Observation``); ``runner.py`` runs the trials.
 
 - **Memory model.** Peak memory is close to affine in the micro-batch size for fixed
   memory-relevant knobs (precision; DDP buckets; on CPU, where loader workers' memory counts, the

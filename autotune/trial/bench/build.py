@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
 from autotune.config.knobs import Config
+from autotune.trial.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
 from autotune.trial.bench.device import endless, to_device
 from autotune.trial.bench.ranks import CommTimer, Ranks
 from autotune.trial.spec import TrialSpec

@@ -1,0 +1,91 @@
+"""Whose trial is whose: claiming an asked trial, recovering a dead worker's, queueing the
+baseline once, and finding a config's twin (measured already, or being measured by another
+worker), whose outcome is reused instead of measured again. Called under the study lock where a
+decision reads the study and then writes it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.knobs import Config
+from autotune.machine.hardware import hostname, process_alive, process_identity
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner.results import recorded
+from autotune.tuner.storage import (
+    GRACE_S,
+    fail_and_retry,
+    fail_stale,
+    has_heartbeat,
+    retried_trial_number,
+)
+
+
+def claim(study: optuna.Study, storage: optuna.storages.BaseStorage,
+          trial: optuna.Trial) -> optuna.Trial:
+    """Mark a trial just asked as this worker's, under the study lock with the ask: a retried
+    trial arrives with its dead worker's attributes (owner, last heartbeat mark), and another
+    worker recovering dead workers' trials must not take it for that worker's."""
+    trial.set_user_attr("worker", process_identity())
+    if not has_heartbeat(storage):
+        # A retry carries the dead trial's last (stale) mark: beat now, not in a moment.
+        trial.set_user_attr("alive_at", time.time())
+    if trial.user_attrs.get("interrupted"):
+        trial.set_user_attr("interrupted", False)
+        trial.set_user_attr("retry_of", retried_trial_number(storage, trial))
+    return trial
+
+
+def recover_dead(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
+    """Fail and retry RUNNING trials whose tuner is gone: on this host by its pid, on others
+    by the heartbeat (Optuna's on a database, autotune's ``alive_at`` on a journal file)."""
+    host = hostname()
+    own_heartbeat = not has_heartbeat(storage)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get("worker") or {}
+        if owner.get("host") == host:
+            if process_alive(owner):
+                continue
+        elif not own_heartbeat or not owner:
+            continue
+        else:
+            start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+            if time.time() - float(t.user_attrs.get("alive_at") or start) < GRACE_S:
+                continue
+        fail_and_retry(study, storage, t, "its tuner process died")
+    fail_stale(study)  # other hosts: by heartbeat
+
+
+def enqueue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
+    """Queue the baseline once: a baseline that ran (even to an OOM) is not run again."""
+    trials = study.get_trials(deepcopy=False)
+    pending = any(t.user_attrs.get("baseline") and t.state in
+                  (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+    ran = any(t.user_attrs.get("baseline") for t in recorded(study))
+    if not ran and not pending:
+        study.enqueue_trial(params, user_attrs={"baseline": True})
+
+
+def is_twin(t: FrozenTrial, config: Config, settings: MeasureSettings) -> bool:
+    """Whether ``t`` measured exactly ``config`` with these measuring settings."""
+    return t.user_attrs.get("reused_from") is None \
+        and t.user_attrs.get("config") == config.to_dict() \
+        and MeasureSettings.same(t.user_attrs.get("measure_settings"), settings)
+
+
+def measured_twin(study: optuna.Study, config: Config,
+                  settings: MeasureSettings) -> FrozenTrial | None:
+    """An earlier trial of exactly this config, measured with the same settings: its outcome
+    (ok, oom, timeout or error) is reused, not re-run. TPE ignores failed trials and may
+    propose them again."""
+    return next((t for t in recorded(study) if is_twin(t, config, settings)), None)
+
+
+def running_twins(study: optuna.Study, number: int, config: Config,
+                  settings: MeasureSettings) -> list[int]:
+    """Other trials measuring exactly ``config`` now (on other workers of a fleet)."""
+    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number != number and is_twin(t, config, settings)]

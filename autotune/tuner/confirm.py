@@ -1,0 +1,158 @@
+"""The end of a run: the top configs re-measured side by side with the baseline, the winner
+decided by a margin larger than the measured noise, and the profile exported from that decision.
+
+A search trial's figure comes from one process at one moment of a machine that drifts by 10-30%
+within minutes; the confirmation runs the top configs and the baseline in interleaved rounds (A B
+C A B C ...), with windows twice as long, so drift hits every config alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.config.knobs import Config
+from autotune.profile import Profile
+from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner.options import CONFIRM_SHARE
+from autotune.tuner.results import (
+    build_profile,
+    confirmed,
+    confirmed_winner,
+    measured,
+    pick_baseline,
+    recorded,
+)
+from autotune.tuner.search import Candidate, confirmation_seconds, decide, plan_confirmation
+
+# (config, workdir, timeout, settings) -> the measurement of one fresh trial process
+MeasureOne = Callable[[Config, Path, float, MeasureSettings], Measurement]
+
+
+def walls(trials: list[FrozenTrial]) -> dict[int, float]:
+    """Each trial's wall time: what a round of it costs."""
+    return {t.number: float(t.user_attrs["measurement"].get("wall_s") or 0.0) for t in trials}
+
+
+def candidates(trials: list[FrozenTrial], limit: int, top: int) -> list[Candidate]:
+    """The ``top`` configs by their trial (distinct, ok, within the limit) and the baseline."""
+    ok = [t for t in measured(trials) if t.user_attrs.get("status") == "ok"
+          and t.user_attrs["measurement"]["peak_memory_bytes"] <= limit]
+    ok.sort(key=lambda t: -t.user_attrs["measurement"]["samples_per_sec"])
+    chosen = ok[:top]
+    base = pick_baseline(trials)
+    if base is not None and base.number not in {t.number for t in chosen}:
+        chosen.append(base)
+    return [Candidate(t.number, Config.from_dict(t.user_attrs["config"]),
+                      is_baseline=bool(t.user_attrs.get("baseline"))) for t in chosen]
+
+
+def reserve(trials: list[FrozenTrial], limit: int, top: int, rounds: int,
+            timeout_s: float | None) -> float:
+    """Seconds of the --timeout kept for the confirmation: what the largest plan within
+    CONFIRM_SHARE of the budget needs; nothing when even the smallest does not fit there."""
+    if top <= 0 or not timeout_s:
+        return 0.0
+    share = CONFIRM_SHARE * timeout_s
+    plan = plan_confirmation(candidates(trials, limit, top), walls(trials), rounds, share)
+    if isinstance(plan, str):
+        return 0.0
+    return min(share, confirmation_seconds(plan[0], walls(trials), plan[1]))
+
+
+def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings, *, limit: int,
+            top: int, rounds: int, headroom: float, trial_timeout_s: float,
+            deadline: float | None, out_dir: Path,
+            on_round: Callable[[int, int, Candidate, Measurement], None]) -> str | None:
+    """Re-measure the top configs and the baseline interleaved and record the decision on the
+    study (``confirmation``); returns why it did not, when it did not. ``settings`` are the
+    search's: the rounds' windows are twice as long."""
+    trials = recorded(study)
+    if top <= 0 or confirmed(study, trials) is not None:
+        return None
+    plan = plan_confirmation(candidates(trials, limit, top), walls(trials), rounds,
+                             None if deadline is None else deadline - time.monotonic())
+    if isinstance(plan, str):
+        return plan
+    cands, planned = plan
+    longer = settings.with_longer_windows()
+    done = 0
+    for r in range(planned):
+        results = _round(r, planned, cands, lambda c, w, t: measure(c, w, t, longer),
+                         trial_timeout_s, deadline, out_dir, on_round)
+        # A round counts only when every config ran in it: a round cut by the --timeout would
+        # compare one config's fresh run with another's missing one.
+        if results is None:
+            break
+        for c, m in results:
+            if m.ok and m.samples_per_sec:
+                c.rates.append(m.samples_per_sec)
+                c.peaks.append(m.peak_memory_bytes)
+                c.window_cvs.append(m.spread_cv or 0.0)
+            else:
+                c.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
+        done += 1
+    if done < 2:
+        return (f"the --timeout ended the confirmation after {done} complete round(s); two are "
+                "needed for a spread")
+    decision = decide(cands, limit, headroom)
+    study.set_user_attr("confirmation", {
+        "measured_trials": len(measured(trials)), "rounds": done,
+        "measure": {k: v for k, v in sorted(longer.to_dict().items())},
+        "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds")})
+    return None
+
+
+def _round(r: int, rounds: int, cands: list[Candidate],
+           measure: Callable[[Config, Path, float], Measurement],
+           trial_timeout_s: float, deadline: float | None, out_dir: Path,
+           on_round: Callable[[int, int, Candidate, Measurement], None],
+           ) -> list[tuple[Candidate, Measurement]] | None:
+    """One round: every candidate once, in order; None when the run's budget cut it short."""
+    results = []
+    for c in cands:
+        timeout = trial_timeout_s
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+        if timeout < 1.0:
+            return None
+        m = measure(c.config, out_dir / "confirm" / f"{r + 1}-{c.number:04d}", timeout)
+        if m.ended_by == INTERRUPTED:
+            raise KeyboardInterrupt
+        if m.ended_by == TRIAL_TIMEOUT and timeout < trial_timeout_s:
+            return None  # the run's budget ended it, not the config
+        results.append((c, m))
+        on_round(r, rounds, c, m)
+    return results
+
+
+def export(study: optuna.Study, limit: int, storage: str, global_batch: int | None,
+           path: Path) -> Profile | None:
+    """Write the profile of the confirmed winner, else of the best trial, to ``path``; None
+    when nothing has been measured successfully yet."""
+    trials = recorded(study)
+    best = confirmed_winner(study, trials, limit)
+    if best is None:
+        return None
+    profile = build_profile(study, best, pick_baseline(trials), trials, limit, storage,
+                            global_batch, confirmed(study, trials))
+    profile.save(path)
+    if study.user_attrs.get("diagnosis") != profile.diagnosis:
+        study.set_user_attr("diagnosis", profile.diagnosis)  # for the dashboard
+    return profile
+
+
+def speedup_side_by_side(profile: Profile | None, conf: dict[str, Any] | None) -> float | None:
+    """The profile's speedup when it is the confirmation's side-by-side ratio (the baseline ran
+    in it), else None."""
+    side_by_side = conf is not None and any(c["baseline"] and c["median"]
+                                            for c in conf["candidates"])
+    return profile.speedup if profile and side_by_side else None

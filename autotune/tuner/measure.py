@@ -1,0 +1,122 @@
+"""Measuring one config, from the tuner's side: hold this machine's devices, plan the trial, run
+it (published to other nodes' agents when it spans machines), watch its GPUs, classify what came
+back and add its efficiency figures. Search trials, the confirmation's rounds and nothing else go
+through here."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.config.knobs import Config
+from autotune.errors import one_line
+from autotune.machine.hardware import Hardware
+from autotune.machine.monitor import GpuMonitor
+from autotune.trial import launch
+from autotune.trial.launch import Nodes
+from autotune.trial.measurement import Measurement, classify
+from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
+from autotune.tuner import fleet
+from autotune.tuner.diagnosis import with_efficiency
+from autotune.tuner.search import prune_reason
+from autotune.workloads import WorkloadSpec
+
+
+@dataclass
+class Measurer:
+    """What every trial of a run shares: the machine, the workload, the ranks, the memory
+    limit, the study (for its FLOPs figure and the node protocol) and the probe's peaks."""
+
+    hw: Hardware
+    workload: WorkloadSpec
+    nproc: int
+    nodes: Nodes | None
+    limit: int
+    study: optuna.Study
+    owner: str  # who holds a device, as a worker waiting for it is told
+    on_wait: Callable[[str], None]
+    address_space_bytes: int | None = None
+    probe: dict[str, Any] | None = None  # the probe's summary, once the run has read it
+    held: dict[str, Any] = field(default_factory=dict)  # devices and span of the last trial
+
+    @contextlib.contextmanager
+    def devices(self) -> Iterator[tuple[list[int], dict[str, str]]]:
+        """Hold this machine's devices for one trial: the CPU, or a free block of ``nproc``
+        GPUs (with CUDA_VISIBLE_DEVICES set to it when the worker was not given one). Yields
+        the GPUs' NVML indices and the environment the trial needs."""
+        names, indices, env = fleet.trial_devices(self.hw.device,
+                                                  [g.index for g in self.hw.gpus], self.nproc)
+        lock = fleet.DeviceLock(names, self.owner)
+        start = time.time()
+        with lock.hold(on_wait=self.on_wait):
+            self.held = {"devices": lock.names, "waited_s": round(time.time() - start, 3),
+                         "start": time.time()}
+            try:
+                yield indices, env
+            finally:
+                self.held["end"] = time.time()
+
+    def run(self, config: Config, workdir: Path, timeout: float, settings: MeasureSettings,
+            prune_below: float | None = None,
+            on_event: Callable[[dict[str, Any]], None] | None = None) -> Measurement:
+        """One trial process (or torchrun group) for ``config``; with ``prune_below`` (the best
+        rate so far), it is stopped once its first windows are all clearly below it."""
+        rates: list[float] = []
+
+        def event(e: dict[str, Any]) -> None:
+            if e.get("event") == "window":
+                rates.append(float(e["samples_per_sec"]))
+            if on_event is not None:
+                on_event(e)
+
+        flops = self.study.user_attrs.get("flops") or {}
+        spec = TrialSpec(self.workload, config, self.hw.device, settings,
+                         memory_limit_bytes=self.limit,
+                         address_space_bytes=self.address_space_bytes,
+                         flops_per_sample=flops.get("per_sample"),
+                         flops_source=flops.get("source"), count_flops=not flops)
+        with self.devices() as (gpus, env):
+            p = launch.plan(spec, workdir=workdir, timeout_s=timeout, extra_env=env,
+                            nodes=self.nodes,
+                            rdzv_id=f"{self.study.study_name}-{workdir.parent.name}-"
+                                    f"{workdir.name}")
+            monitor = GpuMonitor(gpus) if self.hw.device == "cuda" else None
+            with fleet.published(self.study, p, self.nodes):
+                raw = launch.execute(
+                    p, on_event=event, monitor=monitor,
+                    should_stop=(lambda: prune_reason(rates, prune_below))
+                    if prune_below else None)
+            m = classify(fleet.with_other_nodes(self.study, p, raw, self.nodes), self.hw.device)
+        if not flops and m.flops_source == COUNTED:
+            # Counted once per study; every later trial is measured against the same figure.
+            self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,
+                                               "source": COUNTED})
+        return with_efficiency(m, config, self.hw.device, self.probe)
+
+    def read_probe(self, workdir: Path, note: Callable[[str], None]) -> None:
+        """The machine's measured peaks, for MFU and the diagnosis: the cached probe, else a
+        probe now (seconds on a CPU; it counts against --timeout), under the device lock
+        (another worker's trial would halve the peaks, and the reverse). A failed probe costs
+        the run nothing but its MFU figures."""
+        from autotune.machine.probe import cached, probe, summary
+
+        if cached(self.hw) is None:
+            note("probing this machine once (peaks for MFU; cached per fingerprint; "
+                 "`autotune probe` shows it)")
+        try:
+            with self.devices():
+                doc = probe(self.hw, workdir=workdir)
+        except Exception as exc:  # noqa: BLE001 - the study does not need it to run
+            note(f"probe failed ({one_line(exc)}); no MFU in this run")
+            return
+        found = self.probe = summary(doc, self.hw.device)
+        peaks = ", ".join(f"{k} {v:g}" for k, v in found["peak_tflops"].items())
+        note(f"probe ({doc.get('created')}): peak TFLOP/s {peaks or 'unknown'}"
+             + "".join(f"; {f}" for f in found["flags"]))
+        self.study.set_user_attr("probe", found)

@@ -1,0 +1,75 @@
+"""What a run tells whoever shows it (``console.ConsoleReporter``, ``JsonReporter``): its start,
+each trial, the confirmation's rounds, notes, and the summary at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.config.knobs import Config
+from autotune.config.space import NarrowedSpace
+from autotune.errors import AutotuneError
+from autotune.machine.hardware import Hardware
+from autotune.trial.measurement import Measurement
+from autotune.tuner.results import TrialView
+from autotune.tuner.search import Candidate
+
+
+@dataclass
+class StartInfo:
+    study_name: str
+    storage: str
+    hardware: Hardware
+    space: NarrowedSpace
+    memory_limit_bytes: int
+    budget: str
+    done_before: int
+    out_dir: Path
+    trials: int | None = None  # the study's target, for the ETA
+    timeout_s: float | None = None
+
+
+@dataclass
+class RunSummary:
+    study_name: str
+    storage: str
+    out_dir: Path
+    profile_path: Path | None
+    best: TrialView | None
+    baseline: TrialView | None
+    trials: list[TrialView]
+    wall_s: float
+    interrupted: bool = False
+    stop_reason: str = ""
+    confirmation: dict[str, Any] | None = None  # as recorded in the study and the profile
+    confirmed_speedup: float | None = None  # winner / baseline, measured side by side
+    confirm_skipped: str | None = None  # why this run did not confirm, when it did not
+    dashboard: str = ""  # its path, or why it was not written
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)  # what limits the winner
+
+    @property
+    def speedup(self) -> float | None:
+        if self.confirmed_speedup is not None:
+            return self.confirmed_speedup
+        if self.best and self.baseline and self.baseline.samples_per_sec:
+            return (self.best.samples_per_sec or 0.0) / self.baseline.samples_per_sec
+        return None
+
+
+class Reporter(Protocol):
+    def started(self, info: StartInfo) -> None: ...
+    def trial_started(self, number: int, index: int, total: int | None, config: Config,
+                      is_baseline: bool, timeout_s: float) -> None: ...
+    def trial_event(self, event: dict[str, Any]) -> None: ...
+    def trial_finished(self, view: TrialView, best: TrialView | None) -> None: ...
+    def confirming(self, round_index: int, rounds: int, candidate: Candidate,
+                   measurement: Measurement) -> None: ...
+    def note(self, line: str) -> None: ...
+    def finished(self, summary: RunSummary) -> None: ...
+
+
+class Interrupted(AutotuneError):
+    """Ctrl-C: the running trial was ended and recorded; the study is intact and resumable."""
+
+    exit_code = 130

@@ -1,0 +1,150 @@
+"""Which study a run belongs to: its name, its creation, and the guard that refuses to resume it
+with anything that would make its trials incomparable (other hardware, another workload, another
+space, another rank count or global batch, another memory limit)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import optuna
+
+from autotune.config.knobs import Config
+from autotune.config.space import NarrowedSpace
+from autotune.errors import StorageError, UsageError
+from autotune.machine.hardware import Hardware
+from autotune.profile import fingerprint_diff
+from autotune.tuner.storage import redact
+from autotune.units import format_bytes
+from autotune.workloads import WorkloadSpec
+
+TPE_STARTUP_TRIALS = 5
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a study measures: every trial in it was run with these."""
+
+    name: str
+    workload_name: str
+    workload: WorkloadSpec
+    space: NarrowedSpace
+    hw: Hardware
+    baseline: Config
+    world: int  # ranks per trial, all nodes together
+    global_batch: int | None
+
+
+def default_name(workload_name: str, workload: WorkloadSpec, space: NarrowedSpace,
+                 hw: Hardware) -> str:
+    """``<workload>-<space>-<hash>``: the hash covers the params, the narrowed space and the
+    hardware, so editing a space file or moving machines starts a new study, never a mixed one."""
+    blob = json.dumps({"spec": workload.spec, "params": workload.params,
+                       "space": space.to_dict()["searched"], "fingerprint": hw.fingerprint(),
+                       **_shape(space)}, sort_keys=True, default=str)
+    return f"{workload_name}-{space.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def _shape(space: NarrowedSpace) -> dict[str, Any]:
+    """What, besides the searched knobs, makes two studies' trials incomparable. Empty for one
+    rank without --global-batch, so studies made before these options keep their names."""
+    shape: dict[str, Any] = {}
+    if space.world_size != 1:
+        shape["world_size"] = space.world_size
+    if space.global_batch is not None:
+        shape["global_batch"] = space.global_batch
+    return shape
+
+
+def sampler(seed: int) -> optuna.samplers.BaseSampler:
+    """The sampler of every study. Optuna does not persist it: made anew on every resume, with a
+    seed moved by the trial count so the random start-up trials do not repeat the first run's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, n_startup_trials=TPE_STARTUP_TRIALS,
+            # Trials other workers are running count as bad for now: workers of a fleet are
+            # not all sent to the same region.
+            constant_liar=True)
+
+
+def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, *,
+               seed: int, limit: int, limit_spec: str | None) -> tuple[optuna.Study, int]:
+    """Create the study, or resume it after checking it measures what this run would; returns
+    it with the memory limit to use (a resumed study keeps its own). Call under the study lock:
+    creating the study and writing its attributes is one step for a fleet's workers."""
+    try:
+        study = optuna.create_study(study_name=ident.name, storage=storage,
+                                    direction="maximize", sampler=sampler(seed),
+                                    load_if_exists=True)
+    except Exception as exc:
+        raise StorageError(f"cannot create or load study {ident.name!r} in "
+                           f"{redact(url)}: {exc}") from None
+    attrs = study.user_attrs
+    if "fingerprint" in attrs:
+        _refuse_mismatch(attrs, ident)
+        limit = _kept_limit(ident.name, attrs.get("memory_limit_bytes"),
+                            attrs.get("memory_limit_spec"), limit, limit_spec)
+    else:
+        for key, value in {
+            "fingerprint": ident.hw.fingerprint(), "hardware": ident.hw.to_dict(),
+            "workload": {"name": ident.workload_name, "spec": ident.workload.spec,
+                         "params": ident.workload.params},
+            "space": ident.space.to_dict(), "baseline": ident.baseline.to_dict(),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }.items():
+            study.set_user_attr(key, value)
+    if "memory_limit_bytes" not in attrs:
+        study.set_user_attr("memory_limit_bytes", limit)
+        study.set_user_attr("memory_limit_spec", limit_spec)
+    study.sampler = sampler(seed + len(study.get_trials(deepcopy=False)))
+    return study, limit
+
+
+def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
+    """A resumed study must measure what this run would: one line saying what differs."""
+    name = ident.name
+    diff = fingerprint_diff(attrs["fingerprint"], ident.hw.fingerprint())
+    if diff:
+        # A fleet worker on another kind of machine lands here too: its throughput would not
+        # be comparable with the study's.
+        raise UsageError(f"study {name} was measured on other hardware ({'; '.join(diff)}); "
+                         "measurements are not comparable: run this worker on a machine like "
+                         "the study's, or pass another --study name")
+    stored = attrs.get("workload") or {}
+    if (stored.get("spec"), stored.get("params")) != (ident.workload.spec,
+                                                      ident.workload.params):
+        raise UsageError(f"study {name} tunes workload {attrs.get('workload')}, not this one; "
+                         "pass another --study name")
+    stored_space = attrs.get("space") or {}
+    shape = {"world_size": stored_space.get("world_size", 1),
+             "global_batch": stored_space.get("global_batch")}
+    if shape != {"world_size": ident.world, "global_batch": ident.global_batch}:
+        raise UsageError(
+            f"study {name} was tuned with {shape['world_size']} rank(s) per trial (--nproc x "
+            f"--nnodes) and --global-batch {shape['global_batch'] or 'unset'}, not "
+            f"{ident.world} rank(s) and --global-batch {ident.global_batch or 'unset'}; pass "
+            "the same flags to resume it, or another --study name")
+    searched = stored_space.get("searched")
+    if searched != json.loads(json.dumps(ident.space.to_dict()["searched"])):
+        raise UsageError(f"study {name} searched another space ({searched}); its trials would "
+                         "not fit this one: pass another --study name")
+
+
+def _kept_limit(name: str, stored: int | None, stored_spec: str | None, limit: int,
+                asked: str | None) -> int:
+    """A study's memory limit is fixed when it is created: constraints of earlier trials were
+    computed against it. Resuming uses it; asking for another one is an error. The same flag
+    text counts as the same limit (a fraction of available RAM moves a little)."""
+    if stored is None:
+        return limit
+    if asked is not None and asked != stored_spec and limit != stored:
+        raise UsageError(
+            f"study {name} was tuned with --memory-limit {format_bytes(stored)}, not "
+            f"{format_bytes(limit)}; resume it without --memory-limit, or pass --study NAME to "
+            "start a new study with the new limit")
+    return int(stored)

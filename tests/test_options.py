@@ -1,0 +1,130 @@
+"""Run options: every problem found at once, each one line with the rule, the value and the fix;
+the defaults the machine decides; the memory limit's forms."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import UsageError
+from autotune.testing.hardware import fake_cpu, fake_gpus
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner import options
+from autotune.tuner.options import RunOptions, from_flags, memory_limit, problems
+
+CPU = fake_cpu(cores=2, memory_gib=24)
+FLAGS = dict(param=[], timeout=None, trial_timeout="180s", trial_seconds=60.0,
+             window_seconds=1.0, patience=10)
+
+
+def test_good_options_have_no_problem() -> None:
+    assert problems(RunOptions(model="mlp"), CPU) == []
+    assert problems(RunOptions(nproc=2, global_batch=64, memory_limit="0.5"), CPU) == []
+
+
+def test_every_problem_is_found_at_once() -> None:
+    opts = RunOptions(trials=0, timeout_s=-1, nproc=3, memory_limit="lots",
+                      measure=MeasureSettings(max_seconds=150), confirm_rounds=1,
+                      nnodes=2)
+    found = problems(opts, CPU)
+    assert found == [
+        "--trials must be >= 1, got 0",
+        "--timeout must be positive, got -1s",
+        "--trial-seconds (150s) must be at most 2/3 of --trial-timeout (180s); raise "
+        "--trial-timeout to at least 225s",
+        "--patience and --confirm-top must be >= 0 and --confirm-rounds >= 2 (a spread needs "
+        "two rounds), got 10, 3 and 1",
+        "--nproc 3 asks for more ranks than the 2 CPU cores; ranks would share cores and time "
+        "each other: pass --nproc <= 2",
+        "--nnodes 2 needs --rdzv-endpoint HOST:PORT, the address every node reaches the "
+        "rendezvous at (a free port on this machine, which hosts it)",
+        "--memory-limit must be a size like 20GiB or a fraction like 0.8, got 'lots'",
+    ]
+    with pytest.raises(UsageError) as raised:
+        options.check(opts, CPU)
+    assert str(raised.value).startswith("7 problems with the options: --trials must be >= 1")
+    assert "\n" not in str(raised.value)  # one line
+    with pytest.raises(UsageError, match=r"^--trials must be >= 1, got 0$"):
+        options.check(RunOptions(trials=0), CPU)
+
+
+def test_rank_and_batch_rules_follow_the_machine() -> None:
+    gpus = fake_gpus(2)
+    assert problems(RunOptions(nproc=2), gpus) == []
+    assert problems(RunOptions(nproc=4), gpus) == [
+        "--nproc 4 asks for more ranks than the 2 visible GPU(s); one rank per GPU: pass "
+        "--nproc <= the GPU count (CUDA_VISIBLE_DEVICES selects them)"]
+    assert problems(RunOptions(nproc=0), CPU) == ["--nproc must be >= 1, got 0"]
+    # Without --nproc, a GPU machine runs a rank per GPU: the global batch must split over 2.
+    assert problems(RunOptions(global_batch=33), gpus) == [
+        "--global-batch 33 is not divisible by the 2 ranks (--nproc); pass a multiple of 2"]
+    assert problems(RunOptions(global_batch=0), CPU) == ["--global-batch must be >= 1, got 0"]
+
+
+def test_flags_are_parsed_and_checked_in_one_pass() -> None:
+    opts = from_flags(hw=CPU, **{**FLAGS, "param": ["hidden=32"], "timeout": "10m",
+                                 "patience": 0}, model="mlp")
+    assert opts.params == {"hidden": 32} and opts.timeout_s == 600 and opts.patience is None
+    assert opts.measure == MeasureSettings() and opts.trial_timeout_s == 180
+    with pytest.raises(UsageError) as raised:
+        from_flags(hw=CPU, **{**FLAGS, "timeout": "soon", "param": ["x"]}, trials=0)
+    message = str(raised.value)
+    assert message.startswith("3 problems with the options: ")
+    for part in ("--timeout must be a duration like 90s, 10m or 1h30m, got 'soon'",
+                 "--param must look like name=value, got 'x'", "--trials must be >= 1, got 0"):
+        assert part in message
+
+
+def test_defaults_the_machine_and_the_budget_decide() -> None:
+    opts = RunOptions().with_defaults(CPU)
+    assert opts.timeout_s == options.DEFAULT_TIMEOUT_S and opts.nproc == 1 and opts.world == 1
+    assert RunOptions(trials=5).with_defaults(CPU).timeout_s is None  # a trial count instead
+    assert RunOptions().with_defaults(fake_gpus(4)).nproc == 4
+    assert RunOptions(studies_dir=Path("x")).storage_url == "sqlite:///x/autotune.db"
+    assert RunOptions().storage_url == options.DEFAULT_STORAGE
+    two = replace(RunOptions(nnodes=2, rdzv_endpoint="node0:29400"), nproc=4)
+    assert two.world == 8 and two.nodes is not None and two.nodes.count == 2
+    assert RunOptions().nodes is None
+
+
+def test_the_cli_defaults_are_the_options_and_measure_defaults() -> None:
+    import inspect
+
+    from autotune import cli
+
+    defaults = {name: p.default for name, p in inspect.signature(cli.run).parameters.items()}
+    assert defaults["trial_seconds"] == MeasureSettings().max_seconds
+    assert defaults["window_seconds"] == MeasureSettings().min_window_s
+    assert defaults["patience"] == RunOptions().patience
+    assert defaults["confirm_top"] == RunOptions().confirm_top
+    assert defaults["confirm_rounds"] == RunOptions().confirm_rounds
+    assert defaults["trial_timeout"] == f"{RunOptions().trial_timeout_s:g}s"
+    assert cli.DEFAULT_STORAGE == RunOptions().storage_url
+
+
+def test_memory_limit_defaults() -> None:
+    cpu = fake_cpu(memory_gib=24)  # 22 GiB available
+    assert memory_limit(None, cpu) == int(22 * 2**30 * 0.8)
+    gpu = fake_gpus(1, memory_gib=80)
+    assert memory_limit(None, gpu) == int(80 * 2**30 * 0.9)
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("20GiB", 20 * 2**30), ("512MiB", 512 * 2**20), ("16gb", 16 * 10**9), ("0.5", 11 * 2**30),
+    ("1.5 GiB", int(1.5 * 2**30)),
+])
+def test_memory_limit_sizes_and_fractions(spec: str, expected: int) -> None:
+    assert memory_limit(spec, fake_cpu(memory_gib=24)) == expected
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("100GiB", "above this machine's RAM"),
+    ("lots", "a size like 20GiB"),
+    ("-1", "a size like 20GiB"),
+    ("12", "below 1 MiB"),
+])
+def test_memory_limit_errors_say_the_fix(spec: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        memory_limit(spec, fake_cpu(memory_gib=24))
