@@ -176,60 +176,18 @@ class ConsoleReporter:
         if self.progress is not None:
             self.progress.stop()
         p = self._plain
-        ran = [t for t in summary.trials if t.reused_from is None]
-        ruled_out = [t for t in ran if t.predicted]
-        ran = [t for t in ran if not t.predicted]
-        counts = Counter(t.status for t in ran)
-        repeats = len(summary.trials) - len(ran) - len(ruled_out)
-        outcomes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        p(f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study"
-          + (f" ({outcomes})" if outcomes else "")
-          + (f", {len(ruled_out)} ruled out by the memory model" if ruled_out else "")
-          + (f" and {repeats} repeated config(s) not re-run" if repeats else "")
-          + f"; this run took {summary.wall_s / 60:.1f} min")
+        p(_stopped_line(summary))
         if summary.best is None:
             p("no configuration has been measured successfully yet; no profile written")
             p(f"dashboard: {summary.dashboard}")
             return
-        table = Table(show_header=True, header_style="bold")
-        multi = summary.best.config.world_size > 1
-        cols = ["", "config", "samples/s", "spread", "peak memory", "data wait"]
-        cols += ["comm wait"] if multi else []
-        for col in (*cols, "compute", "MFU"):
-            table.add_column(col)
-        rows = [("baseline", summary.baseline), ("best", summary.best)]
-        for name, view in rows:
-            if view is None:
-                table.add_row(name, "not measured", *["-"] * (len(cols) - 1))
-                continue
-            b = view.breakdown
-            shares = ["data_wait", "comm_wait", "compute"] if multi else ["data_wait", "compute"]
-            table.add_row(name, Text(view.config.describe()), f"{view.samples_per_sec:,.2f}",
-                          "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
-                          format_bytes(view.peak_memory_bytes),
-                          *(f"{b.get(k, 0) * 100:.0f}%" for k in shares),
-                          "-" if view.mfu is None else f"{100 * view.mfu:.1f}%")
-        p(table)
+        p(_result_table(summary))
         if summary.diagnosis:
             p("what limits the winner:")
             for finding in summary.diagnosis:
                 p(f"  {finding['text']}")
-        conf = summary.confirmation
-        if conf is not None:
-            d = conf["decision"]
-            p(f"confirmation: {conf['rounds']} interleaved rounds, windows twice as long; winner "
-              f"#{d['winner_trial']} by {d['decided_by']} (margin {100 * d['margin']:.1f}%: twice "
-              "the pooled spread of the top two)")
-            for c in conf["candidates"]:
-                rates = ", ".join(f"{r:,.2f}" for r in c["samples_per_sec"]) or "-"
-                note = " baseline" if c["baseline"] else ""
-                if str(c["trial"]) in d["excluded"]:
-                    note += f" (cannot win: {d['excluded'][str(c['trial'])]})"
-                p(f"  #{c['trial']:<3} median {c['median'] or 0:,.2f} samples/s from [{rates}], "
-                  f"spread {100 * c['spread_cv']:.1f}%, peak "
-                  f"{format_bytes(c['peak_memory_bytes'])}{note}")
-        elif summary.confirm_skipped:
-            p(f"not confirmed: {summary.confirm_skipped}")
+        for line in _confirmation_lines(summary):
+            p(line)
         if summary.speedup is not None:
             how = " (measured side by side)" if summary.confirmed_speedup is not None else ""
             p(f"speedup over the baseline: {summary.speedup:.2f}x{how}")
@@ -325,6 +283,64 @@ class JsonReporter:
                    baseline=_view_fields(summary.baseline) if summary.baseline else None,
                    speedup=summary.speedup, confirmed=summary.confirmation is not None,
                    not_confirmed_because=summary.confirm_skipped, diagnosis=summary.diagnosis)
+
+
+def _stopped_line(summary: RunSummary) -> str:
+    """Why the run stopped, what the study holds, how long this run took."""
+    ran = [t for t in summary.trials if t.reused_from is None]
+    ruled_out = [t for t in ran if t.predicted]
+    ran = [t for t in ran if not t.predicted]
+    counts = Counter(t.status for t in ran)
+    repeats = len(summary.trials) - len(ran) - len(ruled_out)
+    outcomes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return (f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study"
+            + (f" ({outcomes})" if outcomes else "")
+            + (f", {len(ruled_out)} ruled out by the memory model" if ruled_out else "")
+            + (f" and {repeats} repeated config(s) not re-run" if repeats else "")
+            + f"; this run took {summary.wall_s / 60:.1f} min")
+
+
+def _result_table(summary: RunSummary) -> Table:
+    """Baseline and best side by side: rate, spread, memory, where the step time goes, MFU."""
+    assert summary.best is not None
+    table = Table(show_header=True, header_style="bold")
+    multi = summary.best.config.world_size > 1
+    cols = ["", "config", "samples/s", "spread", "peak memory", "data wait"]
+    cols += ["comm wait"] if multi else []
+    for col in (*cols, "compute", "MFU"):
+        table.add_column(col)
+    for name, view in (("baseline", summary.baseline), ("best", summary.best)):
+        if view is None:
+            table.add_row(name, "not measured", *["-"] * (len(cols) - 1))
+            continue
+        b = view.breakdown
+        shares = ["data_wait", "comm_wait", "compute"] if multi else ["data_wait", "compute"]
+        table.add_row(name, Text(view.config.describe()), f"{view.samples_per_sec:,.2f}",
+                      "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
+                      format_bytes(view.peak_memory_bytes),
+                      *(f"{b.get(k, 0) * 100:.0f}%" for k in shares),
+                      "-" if view.mfu is None else f"{100 * view.mfu:.1f}%")
+    return table
+
+
+def _confirmation_lines(summary: RunSummary) -> list[str]:
+    """The confirmation's decision and each candidate's rounds, or why there was none."""
+    conf = summary.confirmation
+    if conf is None:
+        return [f"not confirmed: {summary.confirm_skipped}"] if summary.confirm_skipped else []
+    d = conf["decision"]
+    lines = [f"confirmation: {conf['rounds']} interleaved rounds, windows twice as long; winner "
+             f"#{d['winner_trial']} by {d['decided_by']} (margin {100 * d['margin']:.1f}%: "
+             "twice the pooled spread of the top two)"]
+    for c in conf["candidates"]:
+        rates = ", ".join(f"{r:,.2f}" for r in c["samples_per_sec"]) or "-"
+        note = " baseline" if c["baseline"] else ""
+        if str(c["trial"]) in d["excluded"]:
+            note += f" (cannot win: {d['excluded'][str(c['trial'])]})"
+        lines.append(f"  #{c['trial']:<3} median {c['median'] or 0:,.2f} samples/s from "
+                     f"[{rates}], spread {100 * c['spread_cv']:.1f}%, peak "
+                     f"{format_bytes(c['peak_memory_bytes'])}{note}")
+    return lines
 
 
 def _view_fields(view: TrialView) -> dict[str, Any]:

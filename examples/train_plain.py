@@ -6,6 +6,9 @@
 The model and data are the workload the profile was tuned on, so the speed printed at the end
 can be compared with the profile's; in your script they are your own. Everything else is what
 you would keep: the profile sets the DataLoader, precision, accumulation, DDP and environment.
+The speed is reported two ways: over the whole timed run, and as the median of 0.5 s windows,
+which is how autotune's trials report theirs (a machine that is busy now and then slows some
+windows; the median leaves those out, the whole-run figure does not).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,12 +29,73 @@ import autotune
 from autotune.workloads import resolve
 
 
+@dataclass
+class Training:
+    """What the profile built: the model (DDP with several ranks), its optimizer, the loader,
+    the loss scaler, and the precision and accumulation every step uses."""
+
+    profile: autotune.Profile
+    device: torch.device
+    workload: Any  # your model, data and loss go here
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: torch.utils.data.DataLoader
+    sampler: torch.utils.data.DistributedSampler | None
+    scaler: torch.amp.GradScaler
+    world: int
+
+    def batches(self):
+        epoch = 0
+        while True:
+            if self.sampler is not None:
+                self.sampler.set_epoch(epoch)
+            yield from self.loader
+            epoch += 1
+
+    def step(self, stream) -> torch.Tensor:
+        """One optimizer step: ``accumulation_steps`` micro-batches, gradients all-reduced on
+        the last one only (DDP's no_sync on the others)."""
+        accum = self.profile.accumulation_steps
+        for micro in range(accum):
+            batch = to_device(next(stream), self.device, self.loader.pin_memory)
+            quiet = self.world > 1 and micro < accum - 1
+            with self.model.no_sync() if quiet else contextlib.nullcontext():
+                with self.profile.autocast(self.device):
+                    loss = self.workload.loss(self.model, batch) / accum
+                self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach() * accum
+
+
 def to_device(batch, device, non_blocking):
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):
         return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
     return type(batch)(to_device(v, device, non_blocking) for v in batch)
+
+
+def build(profile: autotune.Profile, device: torch.device, world: int = 1,
+          local_rank: int = 0) -> Training:
+    """Model, optimizer, DataLoader and scaler as the profile sets them."""
+    workload = resolve(profile.workload["spec"], profile.workload.get("params") or {})
+    torch.manual_seed(0)
+    model = workload.build_model().to(device)
+    optimizer = workload.build_optimizer(model)
+    dataset = workload.build_dataset()
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[local_rank] if device.type == "cuda" else None,
+            **profile.ddp_kwargs())  # bucket size, gradient views, static graph
+    sampler = torch.utils.data.DistributedSampler(dataset) if world > 1 else None
+    loader = torch.utils.data.DataLoader(
+        dataset, sampler=sampler, shuffle=sampler is None, drop_last=True,
+        collate_fn=getattr(workload, "collate_fn", None),
+        **profile.dataloader_kwargs(device))  # batch size, workers, pinning, prefetch
+    scaler = profile.grad_scaler(device)  # enabled only for fp16 on CUDA
+    return Training(profile, device, workload, model, optimizer, loader, sampler, scaler, world)
 
 
 def main() -> None:
@@ -48,50 +115,8 @@ def main() -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if world != profile.world_size and rank == 0:
         print(f"note: the profile was measured with {profile.world_size} rank(s), this is {world}")
-
-    # Your model, optimizer, loss and dataset go here.
-    workload = resolve(profile.workload["spec"], profile.workload.get("params") or {})
-    torch.manual_seed(0)
-    model = workload.build_model().to(device)
-    optimizer = workload.build_optimizer(model)
-    dataset = workload.build_dataset()
-
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[local_rank] if device.type == "cuda" else None,
-            **profile.ddp_kwargs())  # bucket size, gradient views, static graph
-    sampler = torch.utils.data.DistributedSampler(dataset) if world > 1 else None
-    loader = torch.utils.data.DataLoader(
-        dataset, sampler=sampler, shuffle=sampler is None, drop_last=True,
-        collate_fn=getattr(workload, "collate_fn", None),
-        **profile.dataloader_kwargs(device))  # batch size, workers, pinning, prefetch
-    non_blocking = loader.pin_memory
-    scaler = profile.grad_scaler(device)  # enabled only for fp16 on CUDA
-    accum = profile.accumulation_steps
-
-    def batches():
-        epoch = 0
-        while True:
-            if sampler is not None:
-                sampler.set_epoch(epoch)
-            yield from loader
-            epoch += 1
-
-    stream = batches()
-
-    def train_step() -> float:
-        for micro in range(accum):
-            batch = to_device(next(stream), device, non_blocking)
-            # All-reduce gradients once per optimizer step: skip DDP's sync on the others.
-            quiet = world > 1 and micro < accum - 1
-            with model.no_sync() if quiet else contextlib.nullcontext():
-                with profile.autocast(device):
-                    loss = workload.loss(model, batch) / accum
-                scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item() * accum
+    training = build(profile, device, world, local_rank)
+    stream = training.batches()
 
     def sync() -> None:
         if device.type == "cuda":
@@ -104,24 +129,40 @@ def main() -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    train_step()  # the first step pays one-time costs (workers, allocator, DDP buckets)
+    training.step(stream)  # the first step pays one-time costs (workers, allocator, DDP buckets)
     sync()
     t0 = time.perf_counter()
     for _ in range(args.warmup_steps):  # also sizes the timed run
-        train_step()
+        training.step(stream)
     sync()
     per_step = slowest(time.perf_counter() - t0) / max(args.warmup_steps, 1)
     steps = max(3, int(args.seconds / per_step))
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = train_step()
+    window_steps = max(1, round(0.5 / per_step))
+    windows, start = [], time.perf_counter()
+    mark = start
+    for i in range(steps):
+        loss = training.step(stream)
+        if (i + 1) % window_steps == 0:
+            sync()
+            now = time.perf_counter()
+            windows.append(slowest(now - mark))
+            mark = now
     sync()
     elapsed = slowest(time.perf_counter() - start)
-    rate = steps * accum * loader.batch_size * world / elapsed  # global samples per second
+    samples_per_step = profile.accumulation_steps * training.loader.batch_size * world
+    rate = steps * samples_per_step / elapsed  # global samples per second, the whole run
+    median = statistics.median(window_steps * samples_per_step / w for w in windows) \
+        if windows else rate
+    model = training.model  # DDP's arguments, as it holds them
+    ddp = {"bucket_cap_mb": model.bucket_bytes_cap / 2**20,
+           "gradient_as_bucket_view": model.gradient_as_bucket_view,
+           "static_graph": model.static_graph} if world > 1 else {}
     if rank == 0:
-        print(json.dumps({"samples_per_sec": rate, "profile_samples_per_sec":
-                          profile.samples_per_sec, "ratio": rate / profile.samples_per_sec,
-                          "steps": steps, "seconds": elapsed, "loss": loss}))
+        print(json.dumps({"samples_per_sec": rate, "median_window_samples_per_sec": median,
+                          "profile_samples_per_sec": profile.samples_per_sec,
+                          "ratio": rate / profile.samples_per_sec, "steps": steps,
+                          "seconds": elapsed, "loss": loss.item(),
+                          "env": {k: os.environ.get(k) for k in profile.env}, "ddp": ddp}))
     if world > 1:
         dist.destroy_process_group()
 

@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from autotune.config.knobs import Config
-from autotune.trial.launch import TRIAL_TOKEN, execute, plan, trial_processes
+from autotune.trial.launch import execute, plan
 from autotune.trial.measurement import Measurement, classify
+from autotune.trial.processes import TRIAL_TOKEN, trial_processes
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec
 

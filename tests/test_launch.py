@@ -234,7 +234,8 @@ def test_knobs_reach_the_trial(tmp_path: Path) -> None:
 def test_a_tool_past_its_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
     """The probe's measurements run through `run_tool`; one that hangs under torchrun is ended
     with its ranks, which run in sessions of their own."""
-    from autotune.trial.launch import TRIAL_TOKEN, run_tool, trial_processes
+    from autotune.trial.launch import run_tool
+    from autotune.trial.processes import TRIAL_TOKEN, trial_processes
 
     out = tmp_path / "out.json"
     start = time.monotonic()

@@ -14,13 +14,10 @@ from autotune.trial.measurement import (
     RawResult,
     check_result,
     classify,
-    first_failure,
     is_oom,
     median_and_cv,
-    merge_ranks,
-    node_cause,
-    node_failure,
 )
+from autotune.trial.merge import first_failure, merge_ranks, node_cause, node_failure
 
 
 def ok_doc(**extra: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -25,16 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
-
 from autotune.config.knobs import env_for
 from autotune.paths import import_root
-from autotune.trial.measurement import RawResult, first_failure
+from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
+from autotune.trial.merge import first_failure
+from autotune.trial.processes import TRIAL_TOKEN, kill_group, reap
 from autotune.trial.spec import TrialSpec
 
 STDERR_TAIL_BYTES = 8000
-TRIAL_TOKEN = "AUTOTUNE_TRIAL"
 # Which node's ranks write the result and progress files in a trial across machines: "1" on the
 # tuner's node, "0" on the others (started by `autotune agent`); unset, global rank 0 does.
 REPORTING_NODE = "AUTOTUNE_REPORTING_NODE"
@@ -167,10 +165,6 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
                      rdzv_id=doc["id"])
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
 
 def _read_events(path: str) -> list[dict[str, Any]]:
     """The trial's progress events so far: whole lines only (the last may be half written)."""
@@ -199,6 +193,17 @@ def _read_windows(path: str) -> list[dict[str, Any]]:
     return [{k: e[k] for k in ("samples", "seconds", "data_wait_s", "comm_wait_s") if k in e}
             for e in _read_events(path) if e.get("event") == "window"]
 
+@dataclass
+class _Watch:
+    """How a running trial is followed, and why it was ended when it did not end itself."""
+
+    seen: int = 0  # progress events forwarded so far
+    timed_out: bool = False
+    killed_for_memory: bool = False
+    interrupted: bool = False
+    stopped: str | None = None
+
+
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
             poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None,
             monitor: Monitor | None = None) -> RawResult:
@@ -209,6 +214,49 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     process group and comes back as ``interrupted``. A ``monitor`` samples the GPUs while the
     trial runs; its summary over the timed windows comes back as ``gpu``.
     """
+    env = _prepare(p)
+    start = time.monotonic()
+    watch = _Watch()
+    if monitor is not None:
+        monitor.start()
+    with open(p.stderr_path, "wb") as err:
+        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                start_new_session=True)
+        # On GPUs the trial reports its device memory; the host's is not what the limit is about.
+        memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
+        try:
+            _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s)
+        except KeyboardInterrupt:
+            watch.interrupted = True
+        finally:
+            kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
+            # Reap before wait(): until then the leader's pid (the group id) cannot be reused
+            # by an unrelated process that the group match would then kill.
+            survivors = reap(p.env.get(TRIAL_TOKEN), proc.pid)
+            proc.wait()
+            samples = monitor.stop() if monitor is not None else []
+    if on_event is not None:
+        _forward_events(p.progress_path, watch.seen, on_event)
+    data = Path(p.stderr_path).read_bytes()
+    if survivors:
+        # A process stuck in the kernel (a GPU driver call) ignores SIGKILL for a while: say so,
+        # since the next trial would share the device with it.
+        data += (f"\nautotune: processes {survivors} of this trial survived SIGKILL\n").encode()
+    cut = watch.timed_out or watch.stopped
+    return RawResult(
+        returncode=proc.returncode, timed_out=watch.timed_out, result=_result(p),
+        stderr_tail=data[-STDERR_TAIL_BYTES:].decode(errors="replace"),
+        wall_s=time.monotonic() - start, tree_peak_bytes=memory.peak if memory else 0,
+        killed_for_memory=watch.killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
+        interrupted=watch.interrupted, timeout_s=p.timeout_s,
+        partial_windows=_read_windows(p.progress_path) if cut else [], stopped=watch.stopped,
+        gpu=monitor.summary(measured_span(_read_events(p.progress_path)))
+        if monitor is not None and samples else {},
+    )
+
+
+def _prepare(p: TrialPlan) -> dict[str, str]:
+    """Write the spec, clear an earlier run's files; the trial's whole environment."""
     Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
     Path(p.spec_path).write_text(json.dumps(p.spec))
     for path in (p.result_path, p.progress_path, *_rank_files(p.result_path)):
@@ -219,75 +267,46 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
            "AUTOTUNE_TUNER_HOST": socket.gethostname()}
     # The trial imports autotune from wherever the tuner did (source checkout or installed).
     env["PYTHONPATH"] = _with_package(env.get("PYTHONPATH"))
-    start = time.monotonic()
-    timed_out = killed_for_memory = interrupted = False
-    stopped: str | None = None
-    memory: TreeMemory | None = None
-    seen = 0
-    if monitor is not None:
-        monitor.start()
-    with open(p.stderr_path, "wb") as err:
-        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                start_new_session=True)
-        # On GPUs the trial reports its device memory; the host's is not what the limit is about.
-        memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
-        try:
-            next_sample = 0.0
-            while proc.poll() is None:
-                now = time.monotonic()
-                if now - start > p.timeout_s:
-                    timed_out = True
-                    break
-                if memory is not None and now >= next_sample:
-                    next_sample = now + 0.2
-                    if memory.sample():
-                        killed_for_memory = True
-                        break
-                if on_event is not None:
-                    seen = _forward_events(p.progress_path, seen, on_event)
-                if should_stop is not None:
-                    stopped = should_stop()
-                    if stopped:
-                        break
-                time.sleep(poll_s)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            _kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
-            # Reap before wait(): until then the leader's pid (the group id) cannot be reused
-            # by an unrelated process that the group match would then kill.
-            survivors = _reap_stragglers(p.env.get(TRIAL_TOKEN), proc.pid)
-            proc.wait()
-            samples = monitor.stop() if monitor is not None else []
-    if on_event is not None:
-        _forward_events(p.progress_path, seen, on_event)
-    result = None
+    return env
+
+
+def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
+            memory: TreeMemory | None, watch: _Watch,
+            on_event: Callable[[dict[str, Any]], None] | None,
+            should_stop: Callable[[], str | None] | None, poll_s: float) -> None:
+    """Until the trial ends: enforce the timeout and the memory limit, forward its progress
+    events, and end it when ``should_stop`` gives a reason."""
+    next_sample = 0.0
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > p.timeout_s:
+            watch.timed_out = True
+            return
+        if memory is not None and now >= next_sample:
+            next_sample = now + 0.2
+            if memory.sample():
+                watch.killed_for_memory = True
+                return
+        if on_event is not None:
+            watch.seen = _forward_events(p.progress_path, watch.seen, on_event)
+        if should_stop is not None:
+            watch.stopped = should_stop()
+            if watch.stopped:
+                return
+        time.sleep(poll_s)
+
+
+def _result(p: TrialPlan) -> dict[str, Any] | None:
+    """The trial's result document, or, when there is none, the first failure a rank reported
+    on its own (its report sits next to where the result would be)."""
     if Path(p.result_path).exists():
         with contextlib.suppress(json.JSONDecodeError, OSError):
-            result = json.loads(Path(p.result_path).read_text())
-    if result is None:
-        # A rank that failed on its own left its report; the first failure is the cause.
-        docs = []
-        for path in _rank_files(p.result_path):
-            with contextlib.suppress(json.JSONDecodeError, OSError):
-                docs.append(json.loads(Path(path).read_text()))
-        result = first_failure(docs)
-    data = Path(p.stderr_path).read_bytes()
-    if survivors:
-        # A process stuck in the kernel (a GPU driver call) ignores SIGKILL for a while: say so,
-        # since the next trial would share the device with it.
-        data += (f"\nautotune: processes {survivors} of this trial survived SIGKILL\n").encode()
-    return RawResult(
-        returncode=proc.returncode, timed_out=timed_out, result=result,
-        stderr_tail=data[-STDERR_TAIL_BYTES:].decode(errors="replace"),
-        wall_s=time.monotonic() - start, tree_peak_bytes=memory.peak if memory else 0,
-        killed_for_memory=killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
-        interrupted=interrupted, timeout_s=p.timeout_s,
-        partial_windows=_read_windows(p.progress_path) if timed_out or stopped else [],
-        stopped=stopped,
-        gpu=monitor.summary(measured_span(_read_events(p.progress_path)))
-        if monitor is not None and samples else {},
-    )
+            return json.loads(Path(p.result_path).read_text())
+    docs = []
+    for path in _rank_files(p.result_path):
+        with contextlib.suppress(json.JSONDecodeError, OSError):
+            docs.append(json.loads(Path(path).read_text()))
+    return first_failure(docs)
 
 
 def run_tool(args: list[str], out_path: Path, timeout_s: float,
@@ -308,11 +327,11 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _reap_stragglers(str(out_path), proc.pid)
+        reap(str(out_path), proc.pid)
         proc.communicate()
         return None, f"killed at its {timeout_s:.0f}s timeout"
     finally:
-        _reap_stragglers(str(out_path), proc.pid)
+        reap(str(out_path), proc.pid)
         proc.wait()
     try:
         return json.loads(out_path.read_text()), ""
@@ -333,48 +352,8 @@ def _rank_files(result_path: str) -> list[str]:
         if path.parent.is_dir() else []
 
 
-def trial_processes(token: str | None, pgid: int) -> list[int]:
-    """Live processes of a trial: those whose environment carries the trial's token (ranks in
-    sessions of their own, their loader workers, anything they started), and those in the
-    trial's process group. Zombies do not count: they hold no device and no memory."""
-    found = []
-    needle = f"{TRIAL_TOKEN}={token}".encode() if token else None
-    for q in psutil.process_iter(["pid", "status"]):
-        if q.info["status"] == psutil.STATUS_ZOMBIE or q.pid == os.getpid():
-            continue
-        if _pgid(q.pid) == pgid or (needle is not None and _environ_has(q.pid, needle)):
-            found.append(q.pid)
-    return found
 
 
-def _environ_has(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return needle in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def _reap_stragglers(token: str | None, pgid: int, wait_s: float = 30.0) -> list[int]:
-    """Kill every process of the trial until none is left; returns any that outlived
-    ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = trial_processes(token, pgid)
-        if not alive or time.monotonic() > deadline:
-            return alive
-        _kill_group(pgid)
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
 
 
 def _forward_events(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:

@@ -211,98 +211,6 @@ def breakdown(windows: list[dict[str, Any]]) -> dict[str, float]:
     return shares
 
 
-def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One trial result from every rank's report (in rank order), by the slowest-rank rule.
-
-    Window i of the trial took as long as the slowest rank's window i (the ranks run in lockstep,
-    so the job goes at the pace of its slowest rank) and processed all ranks' samples; its data
-    and communication waits are the slowest rank's. Ranks agree on every stop decision, so they
-    report the same number of windows. Peak memory is the largest rank's (a per-rank limit).
-    The per-rank reports are kept, shortened, under ``ranks``.
-    """
-    first = dict(docs[0])
-    merged = {k: v for k, v in first.items() if k not in ("rank", "comm", "failed_at")}
-    merged["world_size"] = len(docs)
-    merged["peak_memory_bytes"] = max(int(d.get("peak_memory_bytes") or 0) for d in docs)
-    per_rank = []
-    for d in docs:
-        ws = d.get("windows") or []
-        entry: dict[str, Any] = {"rank": d.get("rank"), "status": d.get("status"),
-                                 "peak_memory_bytes": d.get("peak_memory_bytes"),
-                                 "window_seconds": [w["seconds"] for w in ws]}
-        if ws:
-            entry["samples_per_sec"] = median_and_cv([w["samples"] / w["seconds"]
-                                                      for w in ws])[0]
-            entry["breakdown"] = breakdown(ws)
-        if "comm" in d:
-            entry["comm"] = d["comm"]
-        per_rank.append(entry)
-    merged["ranks"] = per_rank
-    counts = {len(d.get("windows") or []) for d in docs}
-    if first.get("status") != "ok" or len(counts) != 1:
-        if len(counts) != 1:
-            merged.update(status="error", reason=f"ranks reported different window counts "
-                          f"{sorted(counts)}; the trial's ranks fell out of step")
-        return merged
-    windows = []
-    for i in range(counts.pop()):
-        slowest = max(range(len(docs)), key=lambda r: docs[r]["windows"][i]["seconds"])
-        w = dict(docs[slowest]["windows"][i])
-        w["samples"] = sum(d["windows"][i]["samples"] for d in docs)
-        w["slowest_rank"] = docs[slowest].get("rank", slowest)
-        windows.append(w)
-    med, cv, _ = _from_windows(windows)
-    merged.update(windows=windows, samples_per_sec=med, spread_cv=cv,
-                  step_time_s=sum(w["seconds"] for w in windows) / sum(w["steps"]
-                                                                       for w in windows))
-    return merged
-
-
-def first_failure(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The report of the rank that failed first: its failure is the cause; the other ranks'
-    errors (a peer closing the connection) are consequences."""
-    failed = [d for d in docs if isinstance(d, dict) and "failed_at" in d]
-    if not failed:
-        return None
-    doc = dict(min(failed, key=lambda d: d["failed_at"]))
-    doc["reason"] = f"rank {doc.get('rank')}: {doc.get('reason')}"
-    return doc
-
-
-def node_failure(raw: RawResult, device: str = "cpu") -> dict[str, Any] | None:
-    """What ``autotune agent`` publishes of its node's part of a trial across machines when it
-    failed: the report of its first failed rank (``doc``), or, for a rank that died without
-    writing one (a signal, the memory limit), the classified death (``death``). None when the
-    part ran through or was ended from outside (the tuner, a timeout, Ctrl-C)."""
-    if raw.stopped or raw.interrupted or raw.timed_out:
-        return None
-    if isinstance(raw.result, dict) and "failed_at" in raw.result:
-        return {"doc": raw.result}
-    if raw.returncode in (0, None) and not raw.killed_for_memory:
-        return None
-    m = classify(raw, device)
-    return {"death": {"status": m.status, "reason": m.reason}} if m.status != "ok" else None
-
-
-def node_cause(local: dict[str, Any] | None,
-               reports: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The report that names the cause of a failed trial across machines, from this node's
-    (``local``: its first failed rank's report) and the other nodes' agents' ``node_failure``
-    reports (with their ``host``). A rank that died on another node without a report outranks
-    every written one, as on one machine; else the earliest failure, wherever it happened: the
-    other ranks' errors (a peer closing the connection) are its consequences."""
-    for r in reports:
-        death = r.get("death")
-        if death and local is not None:
-            return {**local, "status": death["status"],
-                    "reason": f"{death['reason']} (on {r.get('host')})"}
-    docs = [{**r["doc"], "reason": f"{r['doc'].get('reason')} (on {r.get('host')})"}
-            for r in reports if isinstance(r.get("doc"), dict) and "failed_at" in r["doc"]]
-    if local is not None and "failed_at" in local:
-        docs.append(local)
-    return min(docs, key=lambda d: float(d["failed_at"])) if docs else local
-
-
 def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     """Map a finished trial process to ok / oom / timeout / error, with the reason.
 
@@ -317,26 +225,9 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     peak = reported_peak if device == "cuda" else max(reported_peak, raw.tree_peak_bytes)
     common: dict[str, Any] = dict(peak_memory_bytes=peak, wall_s=raw.wall_s,
                                   stderr_tail=raw.stderr_tail, gpu=dict(raw.gpu))
-
-    if raw.interrupted:
-        return Measurement("error", "interrupted by the user", ended_by=INTERRUPTED, **common)
-    if raw.killed_for_memory:
-        return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
-                           ended_by=MEMORY_LIMIT, **common)
-    if raw.stopped:
-        med, cv, shares = _from_windows(raw.partial_windows) if raw.partial_windows \
-            else (None, None, {})
-        return Measurement("pruned", raw.stopped, windows=raw.partial_windows, breakdown=shares,
-                           rough_samples_per_sec=med, ended_by=PRUNED, **common)
-    if raw.timed_out:
-        partial = raw.partial_windows
-        reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
-        if partial:
-            med, cv, shares = _from_windows(partial)
-            reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
-            return Measurement("timeout", reason, windows=partial, breakdown=shares,
-                               rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
-        return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
+    ended = _ended_by_us(raw, peak, common)
+    if ended is not None:
+        return ended
     death = None
     if doc is None or "failed_at" in doc:
         death = _signal_death(raw.stderr_tail, doc.get("rank") if doc else None)
@@ -349,35 +240,71 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
                                "kernel's OOM killer", **common)
         return Measurement("error", f"rank {rank} died from {name}", **common)
     if doc is not None:
-        problems = check_result(doc)
-        if problems:
-            return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
-        status = doc["status"]
-        if status != "ok":
-            rough = doc.get("first_step_samples_per_sec")
-            return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
-                               windows=doc.get("windows") or [], timings=doc.get("timings") or {},
-                               warmup=doc.get("warmup") or {},
-                               rough_samples_per_sec=rough if isinstance(rough, float) else None,
-                               ended_by=TOO_SLOW if status == "timeout" else None, **common)
-        med, cv, shares = _from_windows(doc["windows"])
-        limit = raw.memory_limit_bytes
-        if limit and peak > limit:
-            # Passed the limit between two of the launcher's samples and finished anyway: the
-            # same outcome as being caught, an OOM (the windows are kept for the record).
-            return Measurement("oom", f"peak memory {peak / 2**30:.2f} GiB passed the memory "
-                               f"limit of {limit / 2**30:.2f} GiB", windows=doc["windows"],
-                               timings=doc.get("timings") or {}, ended_by=MEMORY_LIMIT, **common)
-        fps = doc.get("flops_per_sample")
-        return Measurement(
-            "ok", None, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
-            breakdown=shares, step_time_s=doc.get("step_time_s"),
-            warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
-            tflops=(med * fps / 1e12) if isinstance(fps, int | float) and fps > 0 else None,
-            flops_per_sample=float(fps) if isinstance(fps, int | float) and fps > 0 else None,
-            flops_source=doc.get("flops_source"), ranks=doc.get("ranks") or [],
-            ddp=doc.get("ddp") or {}, **common,
-        )
+        return _from_report(doc, raw, peak, common)
+    return _from_exit(raw, common)
+
+
+def _ended_by_us(raw: RawResult, peak: int, common: dict[str, Any]) -> Measurement | None:
+    """A trial the user or the launcher ended: Ctrl-C, the memory limit, pruning, the
+    timeout. None when it ended on its own."""
+    if raw.interrupted:
+        return Measurement("error", "interrupted by the user", ended_by=INTERRUPTED, **common)
+    if raw.killed_for_memory:
+        return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
+                           ended_by=MEMORY_LIMIT, **common)
+    if raw.stopped:
+        med, _, shares = _from_windows(raw.partial_windows) if raw.partial_windows \
+            else (None, None, {})
+        return Measurement("pruned", raw.stopped, windows=raw.partial_windows, breakdown=shares,
+                           rough_samples_per_sec=med, ended_by=PRUNED, **common)
+    if raw.timed_out:
+        partial = raw.partial_windows
+        reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
+        if partial:
+            med, _, shares = _from_windows(partial)
+            reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
+            return Measurement("timeout", reason, windows=partial, breakdown=shares,
+                               rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
+        return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
+    return None
+
+
+def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
+                 common: dict[str, Any]) -> Measurement:
+    """The trial's own result document: checked, then its outcome."""
+    problems = check_result(doc)
+    if problems:
+        return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
+    status = doc["status"]
+    if status != "ok":
+        rough = doc.get("first_step_samples_per_sec")
+        return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
+                           windows=doc.get("windows") or [], timings=doc.get("timings") or {},
+                           warmup=doc.get("warmup") or {},
+                           rough_samples_per_sec=rough if isinstance(rough, float) else None,
+                           ended_by=TOO_SLOW if status == "timeout" else None, **common)
+    med, cv, shares = _from_windows(doc["windows"])
+    limit = raw.memory_limit_bytes
+    if limit and peak > limit:
+        # Passed the limit between two of the launcher's samples and finished anyway: the same
+        # outcome as being caught, an OOM (the windows are kept for the record).
+        return Measurement("oom", f"peak memory {peak / 2**30:.2f} GiB passed the memory "
+                           f"limit of {limit / 2**30:.2f} GiB", windows=doc["windows"],
+                           timings=doc.get("timings") or {}, ended_by=MEMORY_LIMIT, **common)
+    given = doc.get("flops_per_sample")
+    fps = float(given) if isinstance(given, int | float) and given > 0 else None
+    return Measurement(
+        "ok", None, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
+        breakdown=shares, step_time_s=doc.get("step_time_s"),
+        warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
+        tflops=med * fps / 1e12 if fps else None, flops_per_sample=fps,
+        flops_source=doc.get("flops_source"), ranks=doc.get("ranks") or [],
+        ddp=doc.get("ddp") or {}, **common,
+    )
+
+
+def _from_exit(raw: RawResult, common: dict[str, Any]) -> Measurement:
+    """A trial that died without a report: what its stderr and exit code say."""
     if _OOM_PATTERNS.search(raw.stderr_tail):
         return Measurement("oom", _last_line(_oom_lines(raw.stderr_tail)), **common)
     if raw.returncode is not None and raw.returncode < 0:

@@ -24,7 +24,7 @@ from autotune.errors import UsageError
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.profile import fingerprint_diff
 from autotune.trial import launch
-from autotune.trial.measurement import node_failure
+from autotune.trial.merge import node_failure
 from autotune.tuner.fleet import NODE_REPORT, NODE_TRIAL, DeviceLock, trial_devices
 from autotune.tuner.storage import open_storage, redact, study_lock
 

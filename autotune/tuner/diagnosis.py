@@ -63,81 +63,22 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
     memory limit, the probe's summary and, when the study has one, the smallest larger
     micro-batch that passed the limit (trial number, micro-batch). Never empty: when nothing
     else holds it back, the config is compute-bound."""
-    m, c = measurement, config
+    m, c, probe = measurement, config, probe or {}
     shares = m.get("breakdown") or {}
-    gpu = m.get("gpu") or {}
-    util = gpu.get("gpu_util_mean")
-    found: list[Finding] = []
-
-    data = shares.get("data_wait", 0.0)
-    if data >= INPUT_BOUND:
-        if c.num_workers == 0:
-            advice = "loader workers would prepare batches while the model computes"
-        else:
-            advice = "more loader workers or a larger prefetch_factor would keep batches ready"
-        if device == "cuda" and not c.pin_memory:
-            advice += "; pin_memory makes the host-to-device copy asynchronous"
-        seen = f"; GPU utilisation averaged {util:.0f}%" if util is not None else ""
-        found.append(Finding("input-bound", (
-            f"input-bound: the step waits for data {100 * data:.0f}% of its time (num_workers "
-            f"{c.num_workers}, pin_memory {'on' if c.pin_memory else 'off'}, prefetch_factor "
-            f"{c.prefetch_factor or 'default'}){seen}: {advice}"),
-            {"data_wait_share": round(data, 4), "num_workers": c.num_workers,
-             "pin_memory": c.pin_memory, "prefetch_factor": c.prefetch_factor,
-             "gpu_util_mean": util}))
-
-    comm = shares.get("comm_wait", 0.0)
-    if comm >= COMM_BOUND:
-        busbw = (probe or {}).get("allreduce_busbw_gbs")
-        measured = (f"; the probe measured {busbw:g} GB/s all-reduce bus bandwidth"
-                    if busbw else "")
-        found.append(Finding("communication-bound", (
-            f"communication-bound: the step waits {100 * comm:.0f}% of its time for the gradient "
-            f"all-reduce ({c.world_size} ranks, {c.ddp_bucket_cap_mb} MB buckets){measured}: "
-            "more accumulation steps or a larger micro-batch all-reduce less often per sample"),
-            {"comm_wait_share": round(comm, 4), "world_size": c.world_size,
-             "bucket_cap_mb": c.ddp_bucket_cap_mb, "allreduce_busbw_gbs": busbw}))
-
+    data, comm = shares.get("data_wait", 0.0), shares.get("comm_wait", 0.0)
     peak_mem = int(m.get("peak_memory_bytes") or 0)
     used = peak_mem / limit if limit else 0.0
-    if used >= MEMORY_BOUND or larger_over_limit:
-        larger = (f"; micro-batch {larger_over_limit[1]} passed it (trial {larger_over_limit[0]})"
-                  if larger_over_limit else "")
-        found.append(Finding("memory-bound", (
-            f"memory-bound: peak {format_bytes(peak_mem)} is {100 * used:.0f}% of the "
-            f"{format_bytes(limit)} limit{larger}: activation checkpointing, a lower precision "
-            "or a larger --memory-limit would let larger batches run"),
-            {"peak_memory_bytes": peak_mem, "memory_limit_bytes": limit,
-             "share": round(used, 4), "larger_over_limit": list(larger_over_limit)
-             if larger_over_limit else None}))
-
-    for flag in (probe or {}).get("flags", []):
-        if (device == "cuda") == flag.startswith("CPU"):
-            continue  # the other device's figures do not limit this study
-        link = any(w in flag for w in ("PCIe", "host-to-device", "device-to-host", "all-reduce"))
-        found.append(Finding("degraded-link" if link else "slow-device",
-                             ("degraded link: " if link else "slow device: ") + flag,
-                             {"probe_flag": flag}))
-
-    share = m.get("mfu")
-    peak = m.get("peak_tflops")
-    if share is not None and peak:
-        achieved = share * peak * (c.world_size if device == "cuda" else 1)
-        evidence = {"mfu": share, "achieved_tflops": round(achieved, 4),
-                    "peak_tflops": peak, "dtype": _dtype(c)}
-        if share < LOW_MFU:
-            why = ("see above" if found else
-                   "the time goes to work other than large matmuls (a small micro-batch, "
-                   "elementwise and normalisation kernels, the optimizer step, launch overheads)")
-            if c.amp == "off" and (probe or {}).get("peak_tflops", {}).get("bf16", 0) > peak:
-                why += "; this config computes in fp32"
-            found.append(Finding("low-mfu", (
-                f"low MFU: {100 * share:.0f}% of the measured {_dtype(c)} peak ({achieved:.3g} "
-                f"of {peak * (c.world_size if device == 'cuda' else 1):.3g} TFLOP/s): {why}"),
-                evidence))
-    else:
-        evidence = {"mfu": None}
+    found = [f for f in (
+        _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean")),
+        _communication_bound(comm, c, probe),
+        _memory_bound(peak_mem, used, limit, larger_over_limit)) if f is not None]
+    found += _probe_flags(probe, device)
+    low, evidence = _efficiency(m.get("mfu"), m.get("peak_tflops"), c, device, probe,
+                                bool(found))
+    if low is not None:
+        found.append(low)
     if not found:
+        share = m.get("mfu")
         what = (f"MFU {100 * share:.0f}% of the measured {_dtype(c)} peak" if share is not None
                 else "no MFU (no FLOPs figure or no probe)")
         found.append(Finding("compute-bound", (
@@ -147,3 +88,84 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
             {**evidence, "data_wait_share": round(data, 4), "comm_wait_share": round(comm, 4),
              "memory_share": round(used, 4)}))
     return found
+
+
+def _input_bound(data: float, c: Config, device: str, util: float | None) -> Finding | None:
+    if data < INPUT_BOUND:
+        return None
+    if c.num_workers == 0:
+        advice = "loader workers would prepare batches while the model computes"
+    else:
+        advice = "more loader workers or a larger prefetch_factor would keep batches ready"
+    if device == "cuda" and not c.pin_memory:
+        advice += "; pin_memory makes the host-to-device copy asynchronous"
+    seen = f"; GPU utilisation averaged {util:.0f}%" if util is not None else ""
+    return Finding("input-bound", (
+        f"input-bound: the step waits for data {100 * data:.0f}% of its time (num_workers "
+        f"{c.num_workers}, pin_memory {'on' if c.pin_memory else 'off'}, prefetch_factor "
+        f"{c.prefetch_factor or 'default'}){seen}: {advice}"),
+        {"data_wait_share": round(data, 4), "num_workers": c.num_workers,
+         "pin_memory": c.pin_memory, "prefetch_factor": c.prefetch_factor,
+         "gpu_util_mean": util})
+
+
+def _communication_bound(comm: float, c: Config, probe: dict[str, Any]) -> Finding | None:
+    if comm < COMM_BOUND:
+        return None
+    busbw = probe.get("allreduce_busbw_gbs")
+    measured = f"; the probe measured {busbw:g} GB/s all-reduce bus bandwidth" if busbw else ""
+    return Finding("communication-bound", (
+        f"communication-bound: the step waits {100 * comm:.0f}% of its time for the gradient "
+        f"all-reduce ({c.world_size} ranks, {c.ddp_bucket_cap_mb} MB buckets){measured}: "
+        "more accumulation steps or a larger micro-batch all-reduce less often per sample"),
+        {"comm_wait_share": round(comm, 4), "world_size": c.world_size,
+         "bucket_cap_mb": c.ddp_bucket_cap_mb, "allreduce_busbw_gbs": busbw})
+
+
+def _memory_bound(peak_mem: int, used: float, limit: int,
+                  larger_over_limit: tuple[int, int] | None) -> Finding | None:
+    if used < MEMORY_BOUND and not larger_over_limit:
+        return None
+    larger = (f"; micro-batch {larger_over_limit[1]} passed it (trial {larger_over_limit[0]})"
+              if larger_over_limit else "")
+    return Finding("memory-bound", (
+        f"memory-bound: peak {format_bytes(peak_mem)} is {100 * used:.0f}% of the "
+        f"{format_bytes(limit)} limit{larger}: activation checkpointing, a lower precision "
+        "or a larger --memory-limit would let larger batches run"),
+        {"peak_memory_bytes": peak_mem, "memory_limit_bytes": limit,
+         "share": round(used, 4), "larger_over_limit": list(larger_over_limit)
+         if larger_over_limit else None})
+
+
+def _probe_flags(probe: dict[str, Any], device: str) -> list[Finding]:
+    """The probe's flags about this study's device: a degraded link or a slow device."""
+    found = []
+    for flag in probe.get("flags", []):
+        if (device == "cuda") == flag.startswith("CPU"):
+            continue  # the other device's figures do not limit this study
+        link = any(w in flag for w in ("PCIe", "host-to-device", "device-to-host", "all-reduce"))
+        found.append(Finding("degraded-link" if link else "slow-device",
+                             ("degraded link: " if link else "slow device: ") + flag,
+                             {"probe_flag": flag}))
+    return found
+
+
+def _efficiency(share: float | None, peak: float | None, c: Config, device: str,
+                probe: dict[str, Any], explained: bool) -> tuple[Finding | None, dict[str, Any]]:
+    """A low-MFU finding (None when MFU is unknown or not low) and the MFU evidence."""
+    if share is None or not peak:
+        return None, {"mfu": None}
+    ranks = c.world_size if device == "cuda" else 1
+    achieved = share * peak * ranks
+    evidence = {"mfu": share, "achieved_tflops": round(achieved, 4), "peak_tflops": peak,
+                "dtype": _dtype(c)}
+    if share >= LOW_MFU:
+        return None, evidence
+    why = ("see above" if explained else
+           "the time goes to work other than large matmuls (a small micro-batch, "
+           "elementwise and normalisation kernels, the optimizer step, launch overheads)")
+    if c.amp == "off" and probe.get("peak_tflops", {}).get("bf16", 0) > peak:
+        why += "; this config computes in fp32"
+    return Finding("low-mfu", (
+        f"low MFU: {100 * share:.0f}% of the measured {_dtype(c)} peak ({achieved:.3g} "
+        f"of {peak * ranks:.3g} TFLOP/s): {why}"), evidence), evidence

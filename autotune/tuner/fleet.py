@@ -28,7 +28,8 @@ import optuna
 
 from autotune.trial import launch
 from autotune.trial.launch import Nodes, TrialPlan
-from autotune.trial.measurement import RawResult, node_cause
+from autotune.trial.measurement import RawResult
+from autotune.trial.merge import node_cause
 
 LOCK_POLL_S = 0.2
 

@@ -262,3 +262,15 @@ def memory_limit(spec: str | None, hw: Hardware) -> int:
     if limit < 2**20:
         raise UsageError(f"--memory-limit {spec} is below 1 MiB; did you mean {spec}GiB?")
     return limit
+
+
+def check_out_dir(path: Path) -> None:
+    """Make the output directory, or say in one line why it cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".autotune-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"output directory {path} is not writable ({exc.strerror}); "
+                         "pass --out DIR with a writable directory") from None

@@ -86,6 +86,14 @@ def observations(trials: list[FrozenTrial]) -> list[Observation]:
     return out
 
 
+def shortest_useful_trial(trials: list[FrozenTrial]) -> float:
+    """Starting a trial with less time left than half the typical ok trial wastes the time."""
+    walls = sorted(t.user_attrs["measurement"]["wall_s"] for t in trials
+                   if t.user_attrs.get("status") == "ok"
+                   and t.user_attrs.get("reused_from") is None)
+    return max(5.0, 0.5 * walls[len(walls) // 2]) if walls else 5.0
+
+
 def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
     """The fastest ok trial whose peak memory stayed within ``limit``."""
     ok = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
@@ -124,63 +132,15 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                   trials: list[FrozenTrial], limit: int, storage: str,
                   global_batch: int | None = None,
                   confirmation: dict[str, Any] | None = None) -> Profile:
+    """The profile of ``best``: its result (the confirmation's figures when it ran), the
+    baseline it beat, the speedup, notes on how both were measured, MFU and the diagnosis."""
     m = best.user_attrs["measurement"]
     config = Config.from_dict(best.user_attrs["config"])
-    result = {
-        "samples_per_sec": round(m["samples_per_sec"], 4), "spread_cv": _round(m["spread_cv"]),
-        "windows": len(m["windows"]), "step_time_s": m.get("step_time_s"),
-        "peak_memory_bytes": m["peak_memory_bytes"], "memory_limit_bytes": limit,
-        "breakdown": {k: round(v, 4) for k, v in (m.get("breakdown") or {}).items()},
-        "tflops": round(m["tflops"], 4) if m.get("tflops") else None,
-        "trial": best.user_attrs.get("reused_from", best.number),
-        "samples_per_optimizer_step": config.samples_per_step,
-    }
-    # How the figure was measured, so `autotune profile check` re-measures it the same way.
-    source = next((t for t in trials if t.number == result["trial"]), best)
-    measure = dict(source.user_attrs.get("measure_settings") or {})
-    if source.user_attrs.get("remeasured"):
-        measure["max_seconds"] = source.user_attrs["remeasured"]["max_seconds"]
-    result["measure"] = measure
-    if m.get("ranks"):
-        result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
-                           for r in m["ranks"]]
-    base_block: dict[str, Any] = {"config": None, "samples_per_sec": None}
-    speedup = None
-    notes = []
-    if baseline is not None:
-        bm = baseline.user_attrs["measurement"]
-        base_config = Config.from_dict(baseline.user_attrs["config"])
-        base_block = {"config": base_config.to_dict(),
-                      "samples_per_sec": round(bm["samples_per_sec"], 4),
-                      "spread_cv": _round(bm["spread_cv"]),
-                      "peak_memory_bytes": bm["peak_memory_bytes"], "trial": baseline.number}
-        speedup = round(m["samples_per_sec"] / bm["samples_per_sec"], 3)
-        if global_batch is None and config.samples_per_step != base_config.samples_per_step:
-            notes.append(f"effective batch changed from {base_config.samples_per_step} to "
-                         f"{config.samples_per_step} samples per optimizer step; scale the "
-                         "learning rate and schedule accordingly")
-    else:
-        notes.append("the baseline has not been measured yet: no speedup is claimed")
+    result = _result_block(best, config, trials, limit)
+    base_block, speedup, notes = _baseline_block(baseline, m, config, global_batch)
     if confirmation is not None:
-        by_trial = {c["trial"]: c for c in confirmation["candidates"]}
-        win = by_trial.get(best.number)
-        base = next((c for c in confirmation["candidates"] if c["baseline"]), None)
-        if win is not None and win["median"]:
-            result["trial_samples_per_sec"] = result["samples_per_sec"]
-            result["samples_per_sec"] = win["median"]
-            result["measure"] = dict(confirmation["measure"])
-            result["spread_cv"] = win["spread_cv"]
-            result["peak_memory_bytes"] = max(result["peak_memory_bytes"],
-                                              win["peak_memory_bytes"])
-            if base is not None and base["median"]:
-                base_block["samples_per_sec"] = base["median"]
-                base_block["spread_cv"] = base["spread_cv"]
-                speedup = round(win["median"] / base["median"], 3)
-                notes.append(f"speedup measured side by side: {confirmation['rounds']} "
-                             "interleaved rounds of the top configs and the baseline")
-        d = confirmation["decision"]
-        notes.append(f"winner decided by {d['decided_by']} (margin {100 * d['margin']:.1f}%, "
-                     "twice the pooled spread of the top two)")
+        confirmed_speedup = _confirmed(result, base_block, best, confirmation, notes)
+        speedup = confirmed_speedup or speedup
     else:
         notes.append("not confirmed by an interleaved re-measurement: the samples/sec are the "
                      "search trial's own")
@@ -209,6 +169,76 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "autotune_version": study.user_attrs["fingerprint"].get("autotune_version")},
         notes=notes, confirmation=confirmation)
+
+
+def _result_block(best: FrozenTrial, config: Config, trials: list[FrozenTrial],
+                  limit: int) -> dict[str, Any]:
+    """The winner's search-trial figures, and how they were measured (so `autotune profile
+    check` measures them again the same way)."""
+    m = best.user_attrs["measurement"]
+    result = {
+        "samples_per_sec": round(m["samples_per_sec"], 4), "spread_cv": _round(m["spread_cv"]),
+        "windows": len(m["windows"]), "step_time_s": m.get("step_time_s"),
+        "peak_memory_bytes": m["peak_memory_bytes"], "memory_limit_bytes": limit,
+        "breakdown": {k: round(v, 4) for k, v in (m.get("breakdown") or {}).items()},
+        "tflops": round(m["tflops"], 4) if m.get("tflops") else None,
+        "trial": best.user_attrs.get("reused_from", best.number),
+        "samples_per_optimizer_step": config.samples_per_step,
+    }
+    source = next((t for t in trials if t.number == result["trial"]), best)
+    measure = dict(source.user_attrs.get("measure_settings") or {})
+    if source.user_attrs.get("remeasured"):
+        measure["max_seconds"] = source.user_attrs["remeasured"]["max_seconds"]
+    result["measure"] = measure
+    if m.get("ranks"):
+        result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
+                           for r in m["ranks"]]
+    return result
+
+
+def _baseline_block(baseline: FrozenTrial | None, m: dict[str, Any], config: Config,
+                    global_batch: int | None) -> tuple[dict[str, Any], float | None, list[str]]:
+    """The baseline's figures, the trials' own speedup, and the notes they call for."""
+    if baseline is None:
+        return ({"config": None, "samples_per_sec": None}, None,
+                ["the baseline has not been measured yet: no speedup is claimed"])
+    bm = baseline.user_attrs["measurement"]
+    base_config = Config.from_dict(baseline.user_attrs["config"])
+    block = {"config": base_config.to_dict(), "samples_per_sec": round(bm["samples_per_sec"], 4),
+             "spread_cv": _round(bm["spread_cv"]), "peak_memory_bytes": bm["peak_memory_bytes"],
+             "trial": baseline.number}
+    notes = []
+    if global_batch is None and config.samples_per_step != base_config.samples_per_step:
+        notes.append(f"effective batch changed from {base_config.samples_per_step} to "
+                     f"{config.samples_per_step} samples per optimizer step; scale the "
+                     "learning rate and schedule accordingly")
+    return block, round(m["samples_per_sec"] / bm["samples_per_sec"], 3), notes
+
+
+def _confirmed(result: dict[str, Any], base_block: dict[str, Any], best: FrozenTrial,
+               confirmation: dict[str, Any], notes: list[str]) -> float | None:
+    """Put the confirmation's figures in the result and baseline blocks; returns the side-by-
+    side speedup when the baseline ran in it."""
+    by_trial = {c["trial"]: c for c in confirmation["candidates"]}
+    win = by_trial.get(best.number)
+    base = next((c for c in confirmation["candidates"] if c["baseline"]), None)
+    speedup = None
+    if win is not None and win["median"]:
+        result["trial_samples_per_sec"] = result["samples_per_sec"]
+        result["samples_per_sec"] = win["median"]
+        result["measure"] = dict(confirmation["measure"])
+        result["spread_cv"] = win["spread_cv"]
+        result["peak_memory_bytes"] = max(result["peak_memory_bytes"], win["peak_memory_bytes"])
+        if base is not None and base["median"]:
+            base_block["samples_per_sec"] = base["median"]
+            base_block["spread_cv"] = base["spread_cv"]
+            speedup = round(win["median"] / base["median"], 3)
+            notes.append(f"speedup measured side by side: {confirmation['rounds']} "
+                         "interleaved rounds of the top configs and the baseline")
+    d = confirmation["decision"]
+    notes.append(f"winner decided by {d['decided_by']} (margin {100 * d['margin']:.1f}%, "
+                 "twice the pooled spread of the top two)")
+    return speedup
 
 
 def _efficiency(block: dict[str, Any], config: Config, m: dict[str, Any], device: str,

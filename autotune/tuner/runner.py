@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import Config
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
-from autotune.errors import UsageError, one_line
+from autotune.errors import one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.profile import Profile
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TOO_SLOW, TRIAL_TIMEOUT, Measurement
@@ -44,6 +44,7 @@ from autotune.tuner.results import (
     pick_baseline,
     pick_best,
     recorded,
+    shortest_useful_trial,
     view,
 )
 from autotune.tuner.search import (
@@ -62,17 +63,6 @@ RUNNING_TWIN_POLL_S = 1.0
 MAX_TWINS_IN_A_ROW = 20
 # Draws a study's dashboard into a file (report.write_dashboard; the CLI passes it in).
 Dashboard = Callable[[optuna.Study, Path], Path]
-
-
-def _check_writable(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".autotune-write-check"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"output directory {path} is not writable ({exc.strerror}); "
-                         "pass --out DIR with a writable directory") from None
 
 
 class Runner:
@@ -98,7 +88,7 @@ class Runner:
         self.study_name = opts.study_name or default_name(self.workload_name,
                                                           self.workload_spec, self.space, hw)
         self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
-        _check_writable(self.out_dir)
+        options.check_out_dir(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.storage = storage.open_storage(self.storage_url)
         ident = Identity(self.study_name, self.workload_name, self.workload_spec, self.space,
@@ -183,7 +173,7 @@ class Runner:
             return f"reached {self.opts.trials} trials" + (
                 f" ({running} of them still running on other workers)" if running else "")
         reserve = self._confirmation_reserve(trials)
-        if remaining is not None and remaining - reserve < _shortest_useful_trial(trials):
+        if remaining is not None and remaining - reserve < shortest_useful_trial(trials):
             budget = format_duration(self.opts.timeout_s or 0)
             return f"time budget of {budget} spent" + (
                 f" ({format_duration(reserve)} of it kept for confirmation)" if reserve else "")
@@ -421,14 +411,6 @@ class Runner:
             return str(self.draw(self.study, self.out_dir / "dashboard.html"))
         except Exception as exc:  # noqa: BLE001 - the study and the profile are already saved
             return f"not written ({one_line(exc)})"
-
-
-def _shortest_useful_trial(trials: list[FrozenTrial]) -> float:
-    """Starting a trial with less time left than half the typical ok trial wastes the time."""
-    walls = sorted(t.user_attrs["measurement"]["wall_s"] for t in trials
-                   if t.user_attrs.get("status") == "ok"
-                   and t.user_attrs.get("reused_from") is None)
-    return max(5.0, 0.5 * walls[len(walls) // 2]) if walls else 5.0
 
 
 def run(opts: RunOptions, reporter: Reporter, dashboard: Dashboard | None = None) -> RunSummary:

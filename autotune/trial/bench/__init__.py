@@ -35,7 +35,8 @@ from typing import Any
 from autotune.errors import one_line
 from autotune.trial.bench.process import Progress, tie_to_tuner, write_json
 from autotune.trial.bench.ranks import Ranks
-from autotune.trial.measurement import RESULT_SCHEMA, is_oom, merge_ranks
+from autotune.trial.measurement import RESULT_SCHEMA, is_oom
+from autotune.trial.merge import merge_ranks
 from autotune.trial.spec import TrialSpec
 
 

@@ -1,0 +1,63 @@
+"""Finding and ending every process of a trial. torchrun starts each rank in a session of its
+own, so a trial's processes are found by a token in their environment (which every descendant
+inherits, loader workers included) as well as by the trial's process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import psutil
+
+TRIAL_TOKEN = "AUTOTUNE_TRIAL"
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def trial_processes(token: str | None, pgid: int) -> list[int]:
+    """Live processes of a trial: those whose environment carries the trial's token (ranks in
+    sessions of their own, their loader workers, anything they started), and those in the
+    trial's process group. Zombies do not count: they hold no device and no memory."""
+    found = []
+    needle = f"{TRIAL_TOKEN}={token}".encode() if token else None
+    for q in psutil.process_iter(["pid", "status"]):
+        if q.info["status"] == psutil.STATUS_ZOMBIE or q.pid == os.getpid():
+            continue
+        if _pgid(q.pid) == pgid or (needle is not None and _environ_has(q.pid, needle)):
+            found.append(q.pid)
+    return found
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def reap(token: str | None, pgid: int, wait_s: float = 30.0) -> list[int]:
+    """Kill every process of the trial until none is left; returns any that outlived
+    ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = trial_processes(token, pgid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        kill_group(pgid)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None

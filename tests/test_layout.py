@@ -1,0 +1,66 @@
+"""The house rules that import-linter cannot see (its contracts in pyproject.toml cover what may
+import what): Optuna's private APIs are touched in one module only, Optuna is pinned below its
+next major, and no function grows past what one reads in a screen."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "autotune"
+STORAGE = PACKAGE / "tuner" / "storage.py"
+# Attributes of Optuna objects that are not its public API.
+PRIVATE = {"_trial_id", "_storage", "_cached_frozen_trial", "_study_id"}
+MAX_FUNCTION_LINES = 60  # its body, after the docstring
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_only_the_storage_module_touches_optunas_private_api() -> None:
+    found = []
+    for path in _modules():
+        if path == STORAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Attribute) and node.attr in PRIVATE:
+                found.append(f"{where} .{node.attr}")
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if name.startswith("optuna") and any(p.startswith("_") for p in name.split(".")):
+                    found.append(f"{where} import {name}")
+    assert found == [], "Optuna internals outside tuner/storage.py: " + ", ".join(found)
+    # ... and storage.py really is where they are (the rule is not vacuous).
+    text = STORAGE.read_text()
+    assert "._trial_id" in text and "optuna.storages._heartbeat" in text
+
+
+def test_optuna_is_pinned_below_its_next_major() -> None:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (optuna,) = [d for d in deps if re.match(r"optuna(?![-\w])", d)]
+    lower = re.search(r">=\s*(\d+)", optuna)
+    upper = re.search(r"<\s*(\d+)", optuna)
+    assert lower and upper and int(upper.group(1)) == int(lower.group(1)) + 1, optuna
+
+
+def test_no_function_is_longer_than_a_screen() -> None:
+    long = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body
+            if len(body) > 1 and isinstance(body[0], ast.Expr) \
+                    and isinstance(body[0].value, ast.Constant):
+                body = body[1:]  # the docstring
+            lines = (node.end_lineno or node.lineno) - body[0].lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
+    assert long == [], "split these along their own steps: " + ", ".join(long)
