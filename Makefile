@@ -25,8 +25,9 @@ lint: setup
 	$(BIN)/mypy autotune
 	$(BIN)/lint-imports --no-cache
 
-# Two test runs: most tests two at a time, then the `serial` ones alone, since they compare
-# timings. Both always run, and share one probe cache (the machine is probed once).
+# Two test runs: most tests two at a time, then the few `serial` ones alone, whose wall-time
+# bounds need the machine to themselves. Both always run, and share one probe cache (the
+# machine is probed once).
 test: setup lint
 	rc=0; export AUTOTUNE_CACHE_DIR="$${AUTOTUNE_CACHE_DIR:-$$(mktemp -d)}"; \
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal \

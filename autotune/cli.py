@@ -202,7 +202,7 @@ def agent(
 @guarded
 def probe_command(
     json_: Annotated[bool, typer.Option(
-        "--json", help="Print the whole probe as one JSON document (fields: see README)")
+        "--json", help="Print the whole probe as one JSON document (fields: docs/probe.md)")
     ] = False,
     refresh: Annotated[bool, typer.Option(
         help="Measure again instead of showing the cached probe")] = False,
@@ -245,7 +245,8 @@ def list_(debug: Debug = False) -> None:
     typer.echo("workloads (--model):")
     for name, path in builtin_workloads().items():
         typer.echo(f"  {name:<10} {describe_builtin(path).partition(': ')[2] or ''}")
-    typer.echo("  or pkg.module:function, or path/to/file.py (see README: bring your own model)")
+    typer.echo("  or pkg.module:function, or path/to/file.py (docs/workloads.md: bring your own "
+               "model)")
     typer.echo("search spaces (--space):")
     for name, path in builtin_spaces().items():
         data = yaml.safe_load(path.read_text()) or {}
@@ -273,12 +274,9 @@ def dashboard(
     from autotune.report import load_for_dashboard, serve_live, write_dashboard, write_pngs
 
     if live:
-        _sigterm_as_interrupt()
-        try:
-            serve_live(storage, port, lambda url: typer.echo(f"live dashboard: {url} "
-                                                             "(Ctrl-C stops it)"))
-        except KeyboardInterrupt:
-            typer.echo("live dashboard stopped")
+        serve_live(storage, port, lambda url: typer.echo(f"live dashboard: {url} "
+                                                         "(Ctrl-C stops it)"))
+        typer.echo("live dashboard stopped")
         return
     chosen, why = load_for_dashboard(storage, study)
     path = write_dashboard(chosen, out or Path("studies") / chosen.study_name / "dashboard.html")

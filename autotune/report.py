@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import html
 import math
+import signal
+import threading
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,21 +132,39 @@ def load_for_dashboard(storage_url: str, study_name: str | None) -> tuple[optuna
 
 def serve_live(storage_url: str, port: int, on_ready: Any) -> None:
     """optuna-dashboard on the storage, bound to 127.0.0.1 (``port`` 0: a free one), until
-    interrupted. ``on_ready(url)`` is called once it listens."""
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
-
+    Ctrl-C or SIGTERM. ``on_ready(url)`` is called once it listens."""
     import optuna_dashboard
+
+    from autotune.tuner.storage import open_existing
+
+    serve(optuna_dashboard.wsgi(open_existing(storage_url)), port,
+          lambda port: on_ready(f"http://127.0.0.1:{port}/dashboard/"))
+
+
+def serve(app: Any, port: int, on_ready: Any) -> None:
+    """Serve the WSGI ``app`` on 127.0.0.1 until Ctrl-C or SIGTERM, then return.
+
+    The signals stop the server from a thread of their own instead of raising in the main
+    thread: wsgiref's request handler catches every exception, KeyboardInterrupt included, so
+    a signal that lands while a request is being answered would be swallowed and the server
+    would go on serving."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
 
     class Quiet(WSGIRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
             pass
 
-    from autotune.tuner.storage import open_existing
-
-    app = optuna_dashboard.wsgi(open_existing(storage_url))
     with make_server("127.0.0.1", port, app, handler_class=Quiet) as server:
-        on_ready(f"http://127.0.0.1:{server.server_port}/dashboard/")
-        server.serve_forever()
+        def stop(signum: int, frame: Any) -> None:
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            on_ready(server.server_port)
+            server.serve_forever()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialView],
@@ -282,12 +303,18 @@ def _importance(study: optuna.Study) -> Any:
     go = _go()
     fig = go.Figure()
     try:
-        values = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            values = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
     except Exception as exc:  # noqa: BLE001 - one panel short is no reason to lose the rest
         values, why = {}, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     else:
         why = "needs finished trials that differ in more than one knob"
+        # With too few trials Optuna warns and returns equal importances: not a finding.
+        too_few = [w for w in caught if "too small to compute importances" in str(w.message)]
+        if too_few:
+            values, why = {}, str(too_few[0].message).rstrip(".")
     if values:
         names = list(values)[::-1]
         fig.add_bar(x=[values[n] for n in names], y=names, orientation="h")

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -13,9 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 # nothing is written under the user's home.
 os.environ.setdefault("AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="autotune-test-cache-"))
 # Device locks of this test process's own: tests running beside each other (pytest-xdist) must
-# not wait for each other's trials, which would eat their time budgets. The fleet tests give
-# their workers one lock directory, as workers on one machine share one.
-os.environ.setdefault("AUTOTUNE_LOCK_DIR", tempfile.mkdtemp(prefix="autotune-test-locks-"))
+# not wait for each other's trials, which would eat their time budgets. An xdist worker makes
+# its own (it would inherit the controller's, which imported this file first). The fleet tests
+# give their workers one lock directory, as workers on one machine share one.
+if os.environ.get("PYTEST_XDIST_WORKER") or "AUTOTUNE_LOCK_DIR" not in os.environ:
+    os.environ["AUTOTUNE_LOCK_DIR"] = tempfile.mkdtemp(prefix="autotune-test-locks-")
+# Two tests at a time (make test's first pass) run two trials at a time on a 2-core machine: one
+# intra-op thread each, or the two OpenMP pools oversubscribe the cores and spin against each
+# other (a loop read 100x slower once beside another trial here). Set before torch loads; what
+# the tests check (outcomes, applied settings, records) does not depend on the thread count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Short windows keep a tiny-workload trial around two seconds, most of it process start-up.
 # No confirmation unless a test asks for it: it re-measures the top configs several times.
 FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s",
@@ -57,28 +68,67 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """gpu / multi_gpu tests skip without devices (the test process may touch CUDA; the tuner
-    may not); tests of the shared tuned study are serial."""
+    may not)."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
-        # The shared tuned study is built once, in the serial run (see `make test`), and the
-        # tests that compare its figures with new measurements need a quiet machine.
-        if "tuned_mlp" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.serial)
         if "gpu" in item.keywords and count < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multi_gpu" in item.keywords and count < 2:
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
 
 
+TUNE = ["run", "--model", "mlp", "--trials", "3", "--trial-seconds", "6", "--window-seconds",
+        "0.5", "--trial-timeout", "60s", "--confirm-top", "1", "--confirm-rounds", "2"]
+
+
+def _tuned_dir(config: pytest.Config) -> Path:
+    """Where the shared tuned study lives: the folder above an xdist worker's own temporary one
+    (every worker of the run shares it), else this run's temporary folder."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tuned-mlp"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start tuning the shared study in the background as soon as a selected test needs it, so
+    no test waits the whole study out; the first process of the run to get here starts it."""
+    if not any("tuned_mlp" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    folder = _tuned_dir(session.config)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder / "started", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    command = " ".join([shlex.quote(sys.executable), "-m", "autotune", *TUNE])
+    # Its own device locks: it runs beside the tests and must not make them wait.
+    locks = tempfile.mkdtemp(prefix="autotune-test-locks-")
+    session.config._tuning = subprocess.Popen(  # type: ignore[attr-defined]
+        ["/bin/sh", "-c", f"{command} > tune.log 2>&1; echo $? > rc"], cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_LOCK_DIR": locks},
+        start_new_session=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    tuning = getattr(session.config, "_tuning", None)
+    if tuning is not None and tuning.poll() is None:
+        os.killpg(tuning.pid, signal.SIGKILL)  # the run ended before the study: do not leave it
+
+
 @pytest.fixture(scope="session")
-def tuned_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The profile of a real, short `mlp` study with its confirmation: what a user exports."""
-    cwd = tmp_path_factory.mktemp("tuned-mlp")
-    out = autotune("run", "--model", "mlp", "--trials", "3", "--trial-seconds", "6",
-                   "--window-seconds", "0.5", "--trial-timeout", "60s", "--confirm-top", "1",
-                   "--confirm-rounds", "2", cwd=cwd)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (path,) = cwd.glob("studies/*/profile.yaml")
+def tuned_mlp(request: pytest.FixtureRequest) -> Path:
+    """The profile of a real, short `mlp` study with its confirmation: what a user exports.
+
+    Tuned once per test run, in the background from collection on (pytest_collection_finish);
+    this waits for it."""
+    folder = _tuned_dir(request.config)
+    deadline = time.monotonic() + 600
+    while not (folder / "rc").exists():
+        assert time.monotonic() < deadline, "the shared tuned study did not finish in 10 min"
+        time.sleep(0.5)
+    time.sleep(0.1)  # `echo` may not have flushed its line yet
+    log = (folder / "tune.log").read_text()
+    assert (folder / "rc").read_text().strip() == "0", log[-3000:]
+    (path,) = folder.glob("studies/*/profile.yaml")
     return path

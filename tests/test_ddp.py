@@ -83,7 +83,7 @@ def test_accumulation_all_reduces_only_on_the_last_micro_step(tmp_path: Path,
     assert "comm_wait" in m.breakdown and 0 <= m.breakdown["comm_wait"] < 1
 
 
-@pytest.mark.serial
+@pytest.mark.serial  # which rank is slower: its 30 ms a step must stand out of the noise
 def test_the_trial_goes_at_the_pace_of_its_slowest_rank(tmp_path: Path) -> None:
     # Without the timing hook (DDP's own all-reduce): the rule does not depend on it.
     m, _ = _trial(tmp_path, "autotune.testing.workloads:slowrank",

@@ -81,15 +81,22 @@ def test_the_dashboard_loads_in_chromium_without_errors(tuned_mlp: Path, tmp_pat
                                                              blank.stat().st_size)
 
 
-def test_the_live_dashboard_answers_on_localhost_then_stops(tuned_mlp: Path) -> None:
+def test_the_live_dashboard_answers_on_localhost_then_stops(tmp_path: Path) -> None:
     import signal
     import sys
     import time
     import urllib.request
 
-    cwd = tuned_mlp.parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--live"], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    import optuna
+
+    # A storage of its own: the shared tuned study's SQLite file is read by other tests now.
+    (tmp_path / "studies").mkdir()
+    study = optuna.create_study(study_name="s",
+                                storage=f"sqlite:///{tmp_path}/studies/autotune.db")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--live"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     try:
         line = proc.stdout.readline() if proc.stdout else ""
@@ -101,8 +108,15 @@ def test_the_live_dashboard_answers_on_localhost_then_stops(tuned_mlp: Path) -> 
                 assert response.status == 200
         proc.send_signal(signal.SIGTERM)
         start = time.monotonic()
-        assert proc.wait(timeout=20) == 0 and time.monotonic() - start < 20
-        assert "live dashboard stopped" in (proc.stdout.read() if proc.stdout else "")
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"still serving 20 s after SIGTERM: {out[-500:]} "
+                                 f"{err[-2000:]}") from None
+        assert proc.returncode == 0 and time.monotonic() - start < 20, err
+        assert "live dashboard stopped" in out
     finally:
         proc.kill()
         proc.wait()
@@ -138,3 +152,38 @@ def test_png_without_kaleido_is_one_clear_line(tuned_mlp: Path, tmp_path: Path) 
                    cwd=tuned_mlp.parents[2], env={"PYTHONPATH": f"{fake}:{root}"})
     assert out.returncode == 2 and "--png needs kaleido" in out.stderr, out.stderr
     assert (tmp_path / "d.html").exists()  # the HTML dashboard is written all the same
+
+
+def test_a_signal_in_the_middle_of_a_request_still_stops_the_server(tmp_path: Path) -> None:
+    """wsgiref's handler catches every exception, KeyboardInterrupt too: a SIGTERM raised while
+    a request is being answered was once swallowed, and the live dashboard went on serving."""
+    import signal
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    code = ("import sys, time\n"
+            "from autotune.report import serve\n"
+            "def app(environ, start_response):\n"
+            "    print('answering', flush=True)\n"
+            "    time.sleep(3)\n"
+            "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+            "    return [b'late']\n"
+            "serve(app, 0, lambda port: print(port, flush=True))\n"
+            "print('stopped', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        threading.Thread(target=lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/", timeout=30).read(), daemon=True).start()
+        assert proc.stdout.readline().strip() == "answering"
+        proc.send_signal(signal.SIGTERM)  # while the app sleeps inside the request
+        start = time.monotonic()
+        assert proc.wait(timeout=30) == 0 and time.monotonic() - start < 30
+        assert proc.stdout.read().strip() == "stopped"
+    finally:
+        proc.kill()
+        proc.wait()
