@@ -66,13 +66,16 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """gpu / multi_gpu tests skip without devices (the test process may touch CUDA; the tuner
-    may not)."""
+    may not); the tests of the shared tuned study are slow (it takes half a minute)."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
+        if "tuned_mlp" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and count < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multi_gpu" in item.keywords and count < 2:

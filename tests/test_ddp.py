@@ -30,6 +30,7 @@ from autotune.workloads import WorkloadSpec
 
 from .conftest import FAST, ROOT, autotune
 
+pytestmark = pytest.mark.slow  # real ranks on gloo: seconds each
 MEASURE = {"min_window_s": 0.05, "max_seconds": 3.0, "max_windows": 4}
 
 

@@ -6,9 +6,12 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import FAST, autotune
 
 
+@pytest.mark.slow
 def test_json_events_parse_line_by_line(workdir: Path) -> None:
     out = autotune("run", "--model", "mlp", "--trials", "2", "--json", *FAST, cwd=workdir)
     assert out.returncode == 0, out.stderr
@@ -24,6 +27,7 @@ def test_json_events_parse_line_by_line(workdir: Path) -> None:
     assert events[0]["fixed"]["pin_memory"]["reason"]  # why a knob is not searched here
 
 
+@pytest.mark.slow
 def test_plain_output_is_line_oriented(workdir: Path) -> None:
     out = autotune("run", "--model", "mlp", "--trials", "2", *FAST, cwd=workdir)
     assert out.returncode == 0, out.stderr

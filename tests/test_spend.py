@@ -15,6 +15,7 @@ from autotune.tuner.results import recorded
 from tests.conftest import FAST, autotune
 
 DB = "sqlite:///study.db"
+pytestmark = pytest.mark.slow  # whole studies: real trial processes, seconds each
 MEMHOG = ("run", "--model", "autotune.testing.workloads:memhog")
 
 

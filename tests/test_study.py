@@ -22,6 +22,7 @@ from autotune.tuner.runner import Runner, RunOptions
 from tests.conftest import FAST, ROOT, autotune
 
 DB = "sqlite:///study.db"
+pytestmark = pytest.mark.slow  # whole studies: real trial processes, seconds each
 
 
 def load(url: str, name: str | None = None) -> optuna.Study:
