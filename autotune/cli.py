@@ -382,13 +382,12 @@ def profile_check(
     """Measure the profile's config again on this machine; exit 1 if it is slower than
     --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
     from autotune.machine.hardware import detect
-    from autotune.trial.spec import MeasureSettings
-    from autotune.tuner.check import check_profile
+    from autotune.tuner.check import check_profile, measure_settings
     from autotune.units import format_bytes
 
     profile = _load(path)
     hw = detect()
-    budget = MeasureSettings.from_dict(profile.result.get("measure"), strict=False).max_seconds
+    budget = measure_settings(profile).max_seconds  # a bad result.measure: one line, exit 2
     typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
                f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
                f"{profile.samples_per_sec:,.2f} samples/s")

@@ -179,7 +179,8 @@ class ConsoleReporter:
         p(_stopped_line(summary))
         if summary.best is None:
             p("no configuration has been measured successfully yet; no profile written")
-            p(f"dashboard: {summary.dashboard}")
+            if summary.dashboard:  # empty: the caller gave no dashboard writer
+                p(f"dashboard: {summary.dashboard}")
             return
         p(_result_table(summary))
         if summary.diagnosis:
@@ -201,7 +202,8 @@ class ConsoleReporter:
             else:
                 p(f"effective batch: unchanged at {after} samples per optimizer step")
         p(f"profile: {summary.profile_path}")
-        p(f"dashboard: {summary.dashboard}")
+        if summary.dashboard:
+            p(f"dashboard: {summary.dashboard}")
 
     def _eta_text(self) -> str:
         """Elapsed, and the time left: the time budget, or the mean trial time x trials left."""
@@ -278,7 +280,7 @@ class JsonReporter:
         self._emit("finished", study=summary.study_name, storage=summary.storage,
                    stop_reason=summary.stop_reason, interrupted=summary.interrupted,
                    wall_s=summary.wall_s, profile=summary.profile_path,
-                   dashboard=summary.dashboard,
+                   dashboard=summary.dashboard or None,
                    best=_view_fields(summary.best) if summary.best else None,
                    baseline=_view_fields(summary.baseline) if summary.baseline else None,
                    speedup=summary.speedup, confirmed=summary.confirmation is not None,

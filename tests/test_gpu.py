@@ -93,7 +93,7 @@ def test_the_probe_measures_the_gpus(tmp_path: Path) -> None:
 def test_a_cuda_trial_is_monitored_and_counts_flops(tmp_path: Path) -> None:
     from autotune.machine.hardware import detect
     from autotune.machine.monitor import GpuMonitor
-    from autotune.trial.bench import COUNTED
+    from autotune.trial.spec import COUNTED
 
     hw = detect()
     p = plan(TrialSpec(WorkloadSpec("bert", {}), Config(micro_batch_size=32, amp="bf16"),

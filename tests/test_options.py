@@ -128,3 +128,13 @@ def test_memory_limit_sizes_and_fractions(spec: str, expected: int) -> None:
 def test_memory_limit_errors_say_the_fix(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         memory_limit(spec, fake_cpu(memory_gib=24))
+
+
+def test_a_bad_rank_count_or_hard_limit_is_one_problem_not_two() -> None:
+    # --nnodes 0 with --global-batch: the rank count is the problem, not a division by it.
+    assert problems(RunOptions(nnodes=0, global_batch=64), CPU) == ["--nnodes must be >= 1, got 0"]
+    # An unreadable --trial-timeout is not also "too short" for --trial-seconds.
+    with pytest.raises(UsageError) as raised:
+        from_flags(hw=CPU, **{**FLAGS, "trial_timeout": "4min", "trial_seconds": 150.0})
+    assert str(raised.value) == ("--trial-timeout must be a duration like 90s, 10m or 1h30m, "
+                                 "got '4min'")

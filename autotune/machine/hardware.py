@@ -23,7 +23,6 @@ import psutil
 
 import autotune
 from autotune.machine import nvml
-from autotune.units import SIZE_UNITS, format_bytes, parse_size
 
 
 @dataclass(frozen=True)
@@ -282,35 +281,6 @@ def describe_fingerprint(fp: dict[str, Any]) -> str:
     if fp.get("gpus"):
         return f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}"
     return f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores"
-
-
-def memory_limit(spec: str | None, hw: Hardware) -> int:
-    """Bytes one rank may use. ``spec`` is a size (``20GiB``, ``512MB``) or a fraction (``0.8``).
-
-    Default: 90% of GPU memory, or 80% of the RAM available now on CPU. A fraction is of the same
-    base (GPU memory, or RAM available now). A limit above the device's memory is an error.
-    """
-    from autotune.errors import UsageError
-
-    base = hw.device_memory_bytes
-    if spec is None:
-        return int(base * (0.9 if hw.device == "cuda" else 0.8))
-    value, unit = parse_size(spec)
-    if unit not in SIZE_UNITS or not value > 0:
-        raise UsageError(f"--memory-limit must be a size like 20GiB or a fraction like 0.8, "
-                         f"got {spec!r}")
-    if unit == "" and value <= 1.0:
-        return int(base * value)
-    limit = int(value * SIZE_UNITS[unit])
-    ceiling = hw.device_memory_ceiling
-    if limit > ceiling:
-        what = "GPU memory" if hw.device == "cuda" else "RAM"
-        raise UsageError(f"--memory-limit {spec} is above this machine's {what} "
-                         f"({format_bytes(ceiling)}); pass at most {ceiling // 2**30}GiB "
-                         "or a fraction like 0.8")
-    if limit < 2**20:
-        raise UsageError(f"--memory-limit {spec} is below 1 MiB; did you mean {spec}GiB?")
-    return limit
 
 
 def process_identity() -> dict[str, Any]:

@@ -87,7 +87,7 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
     with ``nodes``, ``world_size / nodes.count`` on each of the nodes (rendezvous ``rdzv_id``).
     """
     # The trial applies the address-space limit and its tie to the tuner itself, first thing
-    # in bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
+    # in trial.bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
     config, device = spec.config, spec.device
     env = {
         # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
@@ -165,7 +165,6 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
                      rdzv_id=doc["id"])
 
 
-
 def _read_events(path: str) -> list[dict[str, Any]]:
     """The trial's progress events so far: whole lines only (the last may be half written)."""
     try:
@@ -188,10 +187,10 @@ def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
     return float(windows[0]["t"]) - float(windows[0].get("seconds", 0.0)), float(windows[-1]["t"])
 
 
-
 def _read_windows(path: str) -> list[dict[str, Any]]:
     return [{k: e[k] for k in ("samples", "seconds", "data_wait_s", "comm_wait_s") if k in e}
             for e in _read_events(path) if e.get("event") == "window"]
+
 
 @dataclass
 class _Watch:
@@ -350,10 +349,6 @@ def _rank_files(result_path: str) -> list[str]:
     path = Path(result_path)
     return sorted(str(f) for f in path.parent.glob(path.name + ".rank*")) \
         if path.parent.is_dir() else []
-
-
-
-
 
 
 def _forward_events(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:

@@ -54,6 +54,7 @@ def _signal_death(stderr_tail: str, reporter: int | None) -> tuple[int, int] | N
     killed = [d for d in deaths if d[1] not in _STOP_SIGNALS]
     return killed[0] if killed else None
 
+
 # Why a trial ended when it did not simply finish (Measurement.ended_by).
 INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
 BUDGET = "budget"  # the run's --timeout: not a result, measured again by the next run
@@ -191,7 +192,7 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def _from_windows(windows: list[dict[str, Any]]) -> tuple[float, float | None, dict[str, float]]:
+def window_stats(windows: list[dict[str, Any]]) -> tuple[float, float | None, dict[str, float]]:
     """Median rate, spread (None from a single window: unknown, not zero), breakdown."""
     rates = [w["samples"] / w["seconds"] for w in windows]
     med, cv = median_and_cv(rates)
@@ -253,7 +254,7 @@ def _ended_by_us(raw: RawResult, peak: int, common: dict[str, Any]) -> Measureme
         return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
                            ended_by=MEMORY_LIMIT, **common)
     if raw.stopped:
-        med, _, shares = _from_windows(raw.partial_windows) if raw.partial_windows \
+        med, _, shares = window_stats(raw.partial_windows) if raw.partial_windows \
             else (None, None, {})
         return Measurement("pruned", raw.stopped, windows=raw.partial_windows, breakdown=shares,
                            rough_samples_per_sec=med, ended_by=PRUNED, **common)
@@ -261,7 +262,7 @@ def _ended_by_us(raw: RawResult, peak: int, common: dict[str, Any]) -> Measureme
         partial = raw.partial_windows
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
         if partial:
-            med, _, shares = _from_windows(partial)
+            med, _, shares = window_stats(partial)
             reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
             return Measurement("timeout", reason, windows=partial, breakdown=shares,
                                rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
@@ -283,7 +284,7 @@ def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
                            warmup=doc.get("warmup") or {},
                            rough_samples_per_sec=rough if isinstance(rough, float) else None,
                            ended_by=TOO_SLOW if status == "timeout" else None, **common)
-    med, cv, shares = _from_windows(doc["windows"])
+    med, cv, shares = window_stats(doc["windows"])
     limit = raw.memory_limit_bytes
     if limit and peak > limit:
         # Passed the limit between two of the launcher's samples and finished anyway: the same

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.trial.measurement import RawResult, _from_windows, breakdown, classify, median_and_cv
+from autotune.trial.measurement import RawResult, breakdown, classify, median_and_cv, window_stats
 
 
 def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
         w["samples"] = sum(d["windows"][i]["samples"] for d in docs)
         w["slowest_rank"] = docs[slowest].get("rank", slowest)
         windows.append(w)
-    med, cv, _ = _from_windows(windows)
+    med, cv, _ = window_stats(windows)
     merged.update(windows=windows, samples_per_sec=med, spread_cv=cv,
                   step_time_s=sum(w["seconds"] for w in windows) / sum(w["steps"]
                                                                        for w in windows))

@@ -8,10 +8,12 @@ text (durations, ``name=value`` params) into options and checks them in the same
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.config.space import check_global_batch
 from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware
 from autotune.trial.launch import Nodes
@@ -107,13 +109,11 @@ def problems(opts: RunOptions, hw: Hardware) -> list[str]:
     found += _rank_problems(opts, hw)
     found += node_problems(opts.nnodes, opts.rdzv_endpoint, opts.launcher)
     nproc = opts.nproc if opts.nproc is not None else default_nproc(hw)
-    if opts.global_batch is not None and nproc >= 1:
-        world = nproc * opts.nnodes
-        if opts.global_batch < 1:
-            found.append(f"--global-batch must be >= 1, got {opts.global_batch}")
-        elif opts.global_batch % world:
-            found.append(f"--global-batch {opts.global_batch} is not divisible by the {world} "
-                         f"ranks (--nproc); pass a multiple of {world}")
+    if opts.global_batch is not None and nproc >= 1 and opts.nnodes >= 1:
+        try:
+            check_global_batch(opts.global_batch, nproc * opts.nnodes)
+        except UsageError as exc:
+            found.append(str(exc))
     try:
         memory_limit(opts.memory_limit, hw)
     except UsageError as exc:
@@ -209,9 +209,11 @@ def from_flags(*, hw: Hardware, param: list[str], timeout: str | None, trial_tim
         params = parse_params(param)
     except UsageError as exc:
         found.append(str(exc))
+    hard = duration(trial_timeout, "--trial-timeout")
     opts = RunOptions(
         params=params, timeout_s=duration(timeout, "--timeout"),
-        trial_timeout_s=duration(trial_timeout, "--trial-timeout") or DEFAULT_TRIAL_TIMEOUT_S,
+        # Unparsed, it is already one problem: no bound, so the 2/3 rule does not add another.
+        trial_timeout_s=hard if hard is not None else math.inf,
         measure=MeasureSettings(max_seconds=trial_seconds, min_window_s=window_seconds),
         patience=patience or None, hardware=hw, **values)
     _raise(found + problems(opts, hw))

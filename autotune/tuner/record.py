@@ -8,7 +8,7 @@ What the sampler sees, by outcome:
   timeout   PRUNED, with the rough rate of its first step as the only hint;
   error     FAIL;
   not a result (Ctrl-C, the run's --timeout): FAIL, marked interrupted, and queued again.
-A peak over the memory limit makes any measured outcome infeasible (constraint > 0).
+A peak over the memory limit makes an ok or pruned trial infeasible (constraint > 0).
 """
 
 from __future__ import annotations

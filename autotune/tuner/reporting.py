@@ -45,7 +45,7 @@ class RunSummary:
     confirmation: dict[str, Any] | None = None  # as recorded in the study and the profile
     confirmed_speedup: float | None = None  # winner / baseline, measured side by side
     confirm_skipped: str | None = None  # why this run did not confirm, when it did not
-    dashboard: str = ""  # its path, or why it was not written
+    dashboard: str = ""  # its path, or why it was not written; "" without a dashboard writer
     diagnosis: list[dict[str, Any]] = field(default_factory=list)  # what limits the winner
 
     @property

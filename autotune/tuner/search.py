@@ -147,6 +147,7 @@ class MemoryModel:
 
 # -- staged start ---------------------------------------------------------------------------------
 
+
 def micro_values(space: NarrowedSpace, baseline: Config) -> list[int]:
     domain = space.searched.get("micro_batch_size")
     if domain is None:
@@ -238,6 +239,7 @@ def _next_micro(values: list[int], seen: dict[int, bool], start: int) -> int | N
 
 # -- noise, pruning, early stop -------------------------------------------------------------------
 
+
 def noise_of(observations: Sequence[Observation]) -> float:
     """The relative difference a win must exceed: twice the typical in-trial spread, at least
     ``NOISE_FLOOR``."""
@@ -274,6 +276,7 @@ def prune_reason(window_rates: Sequence[float], best: float | None,
 
 
 # -- confirmation ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Candidate:

@@ -135,6 +135,7 @@ def all_studies(url: str) -> Iterator[tuple[optuna.Study, Any]]:
 
 # -- the study lock ------------------------------------------------------------------------------
 
+
 def _engine(url: str) -> Any:
     """One small connection pool per URL for the advisory lock, kept for the process."""
     import sqlalchemy
@@ -199,6 +200,7 @@ def locked(url: str, study_name: str) -> Iterator[None]:
 
 # -- trials: heartbeats, dead workers, retries ---------------------------------------------------
 
+
 def has_heartbeat(storage: optuna.storages.BaseStorage) -> bool:
     """Whether Optuna keeps the storage's heartbeats (an RDB does; a journal file does not, and
     autotune then marks ``alive_at`` on the trial itself)."""
@@ -208,7 +210,6 @@ def has_heartbeat(storage: optuna.storages.BaseStorage) -> bool:
 def frozen(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
     """The trial as stored now."""
     return study._storage.get_trial(trial._trial_id)
-
 
 
 def ask(study: optuna.Study) -> optuna.Trial:

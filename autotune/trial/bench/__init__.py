@@ -87,8 +87,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
 
     timings, settings = result["timings"], spec.measure
     t0 = time.time()
-    memory.reset()
-    trainer = build(spec, device, ranks, result)
+    trainer = build(spec, device, ranks, result, memory)
     timings["build_s"] = time.time() - t0
     progress.emit("built", build_s=timings["build_s"])
     t_warm = time.time()

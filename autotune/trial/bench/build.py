@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.trial.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
-from autotune.trial.bench.device import endless, to_device
+from autotune.trial.bench.device import Memory, endless, to_device
 from autotune.trial.bench.ranks import CommTimer, Ranks
 from autotune.trial.spec import TrialSpec
 from autotune.workloads import resolve
@@ -77,9 +77,10 @@ class Trainer:
         return wait
 
 
-def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any]) -> Trainer:
+def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
+          memory: Memory) -> Trainer:
     """Set up the device, join the ranks, and build the workload for ``spec.config``; what was
-    applied (backend, DDP arguments) goes into ``result``."""
+    applied (backend, DDP arguments) goes into ``result``. ``memory``'s peak starts here."""
     import torch
 
     torch.manual_seed(0)
@@ -91,6 +92,7 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any]) ->
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(
                 min(1.0, spec.memory_limit_bytes / total), device)
+        memory.reset()  # after set_device: it needs the CUDA context that creates
     result["backend"] = ranks.start(device)
     workload = resolve(spec.workload.spec, spec.workload.params)
     module = workload.build_model().to(device)
