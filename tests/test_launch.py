@@ -170,9 +170,10 @@ def test_the_trial_dies_with_the_tuner(tmp_path: Path) -> None:
     tuner = subprocess.Popen([sys.executable, "-c", code],
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
+    while not (pid_file.exists() and pid_file.read_text().strip()) \
+            and time.monotonic() < deadline:  # written, not only created
         time.sleep(0.1)
-    assert pid_file.exists()
+    assert pid_file.read_text().strip()
     trial = psutil.Process(tuner.pid).children()
     assert trial
     tuner.kill()

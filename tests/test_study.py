@@ -223,7 +223,7 @@ def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
     _wait_for(_measuring_after(2, tuner))
     tuner.send_signal(signal.SIGINT)
     out, err = tuner.communicate(timeout=60)
-    assert tuner.returncode == 130, err
+    assert tuner.returncode == 130, out[-3000:] + err
     assert "interrupted; study" in err and "run the same command to resume" in err
     study = load(DB)
     assert not any(t.state == TrialState.RUNNING for t in study.trials)

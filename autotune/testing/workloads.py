@@ -96,8 +96,10 @@ class Hang(Tiny):
         if not _this_rank(self.rank):
             return super().build_model()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(os.environ["AUTOTUNE_TEST_CHILD_PID_FILE"], "w") as f:
+        path = os.environ["AUTOTUNE_TEST_CHILD_PID_FILE"]
+        with open(path + ".tmp", "w") as f:
             f.write(str(child.pid))
+        os.replace(path + ".tmp", path)  # whole: a test reads it as soon as it exists
         while True:
             time.sleep(1)
 
