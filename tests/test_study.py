@@ -165,9 +165,13 @@ def _wait_for(predicate, timeout: float = 120) -> None:
 
 
 def _start(workdir: Path, *args: str) -> subprocess.Popen[str]:
+    """The CLI in the background, with Ctrl-C's default: a test run started in the background
+    of a shell without job control (`make test &` in a script) ignores SIGINT, and a child
+    inherits that, so the Ctrl-C test would send a signal its tuner never sees."""
     return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=workdir, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _measuring_after(n: int, tuner: subprocess.Popen[str]):
@@ -218,7 +222,9 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
 
 
 def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
-    args = ("run", "--model", "mlp", "--trials", "20", "--storage", DB, *FAST)
+    # --patience 0: no early stop, so the study is still running whenever Ctrl-C comes.
+    args = ("run", "--model", "mlp", "--trials", "20", "--patience", "0", "--storage", DB,
+            *FAST)
     tuner = _start(workdir, *args)
     _wait_for(_measuring_after(2, tuner))
     tuner.send_signal(signal.SIGINT)
