@@ -48,7 +48,8 @@ def test_plan_starts_ranks_through_torchrun_with_the_nccl_environment(tmp_path: 
     assert p.argv[6:9] == ("-m", "autotune.trial.bench", p.spec_path)
     # Set before any rank starts, so NCCL reads them when its communicator is created.
     assert p.env["NCCL_ALGO"] == "Tree" and p.env["NCCL_PROTO"] == "LL128"
-    assert p.env["AUTOTUNE_TRIAL"] == p.result_path  # how execute finds every rank at the end
+    # How execute finds every rank at the end: the result's path and a part no other trial has.
+    assert p.env["AUTOTUNE_TRIAL"].startswith(os.path.abspath(p.result_path) + "#")
     single = plan(TrialSpec(WorkloadSpec("bert", {}), Config(nccl_algo="Tree"), device="cuda"),
                   workdir=tmp_path, timeout_s=60)
     assert "torch.distributed.run" not in single.argv and "NCCL_ALGO" not in single.env
@@ -238,11 +239,52 @@ def test_a_tool_past_its_timeout_leaves_no_rank_behind(tmp_path: Path) -> None:
     """The probe's measurements run through `run_tool`; one that hangs under torchrun is ended
     with its ranks, which run in sessions of their own."""
     from autotune.trial.launch import run_tool
-    from autotune.trial.processes import TRIAL_TOKEN, trial_processes
 
     out = tmp_path / "out.json"
     start = time.monotonic()
     doc, why = run_tool(["autotune.testing.tool", "hang"], out, timeout_s=8, nproc=2)
     assert doc is None and why == "killed at its 8s timeout"
     assert time.monotonic() - start < 40
-    assert trial_processes(str(out), -1) == [], TRIAL_TOKEN
+    assert _carrying_token_of(out) == []
+
+
+def _carrying_token_of(result: Path) -> list[int]:
+    """Live processes whose trial token names ``result`` (whatever its random part)."""
+    from autotune.trial.processes import TRIAL_TOKEN
+
+    prefix = f"{TRIAL_TOKEN}={result.resolve()}#".encode()
+    found = []
+    for q in psutil.process_iter(["pid", "status"]):
+        if q.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{q.pid}/environ", "rb") as f:
+                if any(v.startswith(prefix) for v in f.read().split(b"\0")):
+                    found.append(q.pid)
+    return found
+
+
+def test_two_tuners_with_the_same_trial_folders_never_reap_each_others_trials(
+        tmp_path: Path) -> None:
+    """Two studies of the same name in two directories have the same relative trial folders
+    (studies/<name>/trials/0000): ending one trial must leave the other's processes alone."""
+    from autotune.trial.processes import TRIAL_TOKEN, new_token, reap
+
+    # The worst case: both trials' result files at the same path (one of the two tuners runs
+    # in a directory the other one reused). Only the token's random part tells them apart.
+    relative = "studies/s/trials/0000/result.json"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             cwd=tmp_path, start_new_session=True,
+                             env={**os.environ, TRIAL_TOKEN: new_token(relative)})
+    try:
+        token = new_token(relative)
+        assert token.startswith(os.path.abspath(relative) + "#")
+        ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 cwd=tmp_path, start_new_session=True,
+                                 env={**os.environ, TRIAL_TOKEN: token})
+        assert reap(token, ended.pid) == []
+        assert ended.wait(timeout=10) == -9
+        assert other.poll() is None  # the other tuner's trial runs on
+    finally:
+        other.kill()
+        other.wait()

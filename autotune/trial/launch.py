@@ -29,7 +29,7 @@ from autotune.paths import import_root
 from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
-from autotune.trial.processes import TRIAL_TOKEN, kill_group, reap
+from autotune.trial.processes import TRIAL_TOKEN, kill_group, new_token, reap
 from autotune.trial.spec import TrialSpec
 
 STDERR_TAIL_BYTES = 8000
@@ -99,7 +99,7 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
     files = {k: str(workdir / f"{k}.{ext}") for k, ext in
              (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
     # Every process of the trial inherits this: how execute finds them all at the end.
-    env[TRIAL_TOKEN] = files["result"]
+    env[TRIAL_TOKEN] = new_token(files["result"])
     bench = ("-m", "autotune.trial.bench", files["spec"], files["result"], files["progress"])
     torchrun: tuple[str, ...] = ()
     if nodes is not None:
@@ -154,7 +154,7 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
     files = {k: str(workdir / f"{k}.{ext}") for k, ext in
              (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
     env = {**doc["env"], **dict(extra_env or {}), REPORTING_NODE: "0",
-           TRIAL_TOKEN: files["result"]}
+           TRIAL_TOKEN: new_token(files["result"])}
     argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.trial.bench",
             files["spec"], files["result"], files["progress"])
     return TrialPlan(argv=argv, env=env, timeout_s=float(doc["timeout_s"]), spec=doc["spec"],
@@ -318,7 +318,8 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 "--max-restarts=0"] if nproc > 1 else []
     argv = [sys.executable, *launcher, "-m", *args, str(out_path)]
-    full = {**os.environ, **dict(env or {}), TRIAL_TOKEN: str(out_path)}
+    token = new_token(out_path)
+    full = {**os.environ, **dict(env or {}), TRIAL_TOKEN: token}
     full["PYTHONPATH"] = _with_package(full.get("PYTHONPATH"))
     out_path.unlink(missing_ok=True)
     proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -326,11 +327,11 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        reap(str(out_path), proc.pid)
+        reap(token, proc.pid)
         proc.communicate()
         return None, f"killed at its {timeout_s:.0f}s timeout"
     finally:
-        reap(str(out_path), proc.pid)
+        reap(token, proc.pid)
         proc.wait()
     try:
         return json.loads(out_path.read_text()), ""

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import time
 
 import psutil
 
 TRIAL_TOKEN = "AUTOTUNE_TRIAL"
+
+
+def new_token(result_path: str | os.PathLike[str]) -> str:
+    """A token no other trial on this machine carries: the result file's absolute path and a
+    random part. Two tuners in different directories with the same relative trial folders (the
+    same study name) must never find, and kill, each other's processes."""
+    return f"{os.path.abspath(result_path)}#{secrets.token_hex(8)}"
 
 
 def kill_group(pgid: int) -> None:
