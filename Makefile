@@ -44,3 +44,4 @@ test-gpu: setup
 # measures a grid on your machine first.
 bench: setup
 	$(BIN)/python benchmarks/search_efficiency.py replay
+	$(BIN)/python benchmarks/slow_replay.py

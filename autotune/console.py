@@ -16,7 +16,7 @@ from autotune.config.knobs import Config
 from autotune.trial.measurement import Measurement
 from autotune.tuner.reporting import RunSummary, StartInfo
 from autotune.tuner.results import TrialView
-from autotune.tuner.search import Candidate
+from autotune.tuner.search import NO_WIN, Candidate
 from autotune.units import format_bytes
 
 
@@ -134,7 +134,8 @@ class ConsoleReporter:
             tag += " new best"
         if view.status == "ok":
             what = (f"{_rate(view.samples_per_sec, view.spread_cv)}, "
-                    f"peak {format_bytes(view.peak_memory_bytes)}"
+                    f"{_step_text(view)}peak {format_bytes(view.peak_memory_bytes)}"
+                    f"{_predicted_peak(view)}"
                     + (f", MFU {100 * view.mfu:.0f}%" if view.mfu is not None else ""))
             if view.reused_from is not None:
                 what += f" (same config as trial #{view.reused_from}: not re-run)"
@@ -142,6 +143,9 @@ class ConsoleReporter:
             what = f"not run, {view.reason}"
         else:
             what = f"{view.status}: {view.reason}"
+            step = (view.forecast.get("step") or {}).get("step_s")
+            if step:
+                what += f" (predicted step {step:.3g}s)"
         line = f"  #{view.number:<3} {view.config.describe():<44} {what}{tag}"
         if self.progress is not None and self.task is not None and ran:
             self.progress.advance(self.task)
@@ -190,8 +194,12 @@ class ConsoleReporter:
         for line in _confirmation_lines(summary):
             p(line)
         if summary.speedup is not None:
-            how = " (measured side by side)" if summary.confirmed_speedup is not None else ""
+            how = " (measured side by side)" if summary.confirmed_speedup is not None else \
+                " (the search trials' own figures, not confirmed)"
             p(f"speedup over the baseline: {summary.speedup:.2f}x{how}")
+        elif summary.baseline is not None and summary.best.number != summary.baseline.number:
+            p("speedup over the baseline: not claimed (a single timed window; see the profile's "
+              "notes)")
         if summary.baseline is not None:
             before = summary.baseline.config.samples_per_step
             after = summary.best.config.samples_per_step
@@ -287,6 +295,22 @@ class JsonReporter:
                    not_confirmed_because=summary.confirm_skipped, diagnosis=summary.diagnosis)
 
 
+def _step_text(view: TrialView) -> str:
+    """The measured step time, with what the step-time model predicted before the trial."""
+    if view.step_s is None:
+        return ""
+    predicted = view.forecast.get("step")
+    if not predicted:
+        return f"step {view.step_s:.3g}s, "
+    return (f"step {view.step_s:.3g}s (predicted {predicted['step_s']:.3g}s "
+            f"+-{100 * predicted['error']:.0f}%), ")
+
+
+def _predicted_peak(view: TrialView) -> str:
+    peak = view.forecast.get("peak_memory_bytes")
+    return f" (predicted {format_bytes(peak)})" if peak else ""
+
+
 def _stopped_line(summary: RunSummary) -> str:
     """Why the run stopped, what the study holds, how long this run took."""
     ran = [t for t in summary.trials if t.reused_from is None]
@@ -297,9 +321,17 @@ def _stopped_line(summary: RunSummary) -> str:
     outcomes = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     return (f"\nstopped: {summary.stop_reason}; {len(ran)} measured trial(s) in the study"
             + (f" ({outcomes})" if outcomes else "")
-            + (f", {len(ruled_out)} ruled out by the memory model" if ruled_out else "")
+            + (f", {len(ruled_out)} ruled out without running ({_ruled_out_words(ruled_out)})"
+               if ruled_out else "")
             + (f" and {repeats} repeated config(s) not re-run" if repeats else "")
             + f"; this run took {summary.wall_s / 60:.1f} min")
+
+
+def _ruled_out_words(views: list[TrialView]) -> str:
+    kinds = Counter(v.predicted_kind for v in views)
+    words = {"oom": "predicted to pass the memory limit", "too_slow": "predicted too slow"}
+    return ", ".join(f"{n} {words.get(k or 'oom', k)}" for k, n in sorted(
+        kinds.items(), key=lambda kv: str(kv[0])))
 
 
 def _result_table(summary: RunSummary) -> Table:
@@ -331,9 +363,17 @@ def _confirmation_lines(summary: RunSummary) -> list[str]:
     if conf is None:
         return [f"not confirmed: {summary.confirm_skipped}"] if summary.confirm_skipped else []
     d = conf["decision"]
-    lines = [f"confirmation: {conf['rounds']} interleaved rounds, windows twice as long; winner "
-             f"#{d['winner_trial']} by {d['decided_by']} (margin {100 * d['margin']:.1f}%: "
-             "twice the pooled spread of the top two)"]
+    rounds = f"{conf['rounds']} interleaved rounds"
+    if conf.get("stopped_early"):
+        rounds += f" of {conf['planned_rounds']} planned (stopped: {conf['stopped_early']})"
+    if d["decided_by"] == NO_WIN:
+        lines = [f"confirmation: {rounds}; no config beat the baseline by more than the "
+                 f"measured noise (margin {100 * d['margin']:.1f}%): the profile keeps the "
+                 "baseline's settings"]
+    else:
+        lines = [f"confirmation: {rounds}, windows twice as long; winner #{d['winner_trial']} "
+                 f"by {d['decided_by']} (margin {100 * d['margin']:.1f}%: twice the pooled "
+                 "spread of the top two)"]
     for c in conf["candidates"]:
         rates = ", ".join(f"{r:,.2f}" for r in c["samples_per_sec"]) or "-"
         note = " baseline" if c["baseline"] else ""
@@ -351,7 +391,8 @@ def _view_fields(view: TrialView) -> dict[str, Any]:
             "spread_cv": view.spread_cv, "peak_memory_bytes": view.peak_memory_bytes,
             "breakdown": view.breakdown, "baseline": view.is_baseline,
             "reused_from": view.reused_from, "predicted": view.predicted, "stage": view.stage,
-            "mfu": view.mfu, "tflops": view.tflops}
+            "mfu": view.mfu, "tflops": view.tflops, "step_s": view.step_s,
+            "forecast": view.forecast, "predicted_kind": view.predicted_kind}
 
 
 class QuietReporter:

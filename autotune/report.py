@@ -44,6 +44,7 @@ PANELS = (
     "MFU and GPU utilisation",
     "Trial timeline",
     "Top configs",
+    "Predicted and measured",
 )
 _AMP_COLOURS = {"off": "#1f77b4", "bf16": "#2ca02c", "fp16": "#ff7f0e"}
 _STATUS_COLOURS = {"ok": "#2ca02c", "oom": "#d62728", "timeout": "#9467bd", "error": "#7f7f7f",
@@ -59,7 +60,7 @@ def panels(study: optuna.Study) -> list[tuple[str, Any]]:
     limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
     figures = [_history(views), _rate_by_micro(views, limit), _memory_by_micro(views, limit),
                _importance(study), _parallel(views), _breakdown(views), _efficiency(views),
-               _timeline(trials), _top_table(views, limit)]
+               _timeline(trials), _top_table(views, limit), _forecasts(views)]
     for title, fig in zip(PANELS, figures, strict=True):
         # Parallel coordinates put their axis labels above the plot: give them room.
         top = 60 if title == "Parallel coordinates" else 20
@@ -403,4 +404,34 @@ def _top_table(views: list[TrialView], limit: int) -> Any:
     return go.Figure(go.Table(
         header={"values": ["trial", "config", "samples/sec", "spread", "peak memory",
                            "data wait", "MFU"]},
+        cells={"values": cols}))
+
+
+def _forecasts(views: list[TrialView]) -> Any:
+    """Each trial that ran or was ruled out: what the step-time and memory models predicted
+    before it, beside what it measured (a ruled-out config has only the prediction)."""
+    go = _go()
+    rows = [v for v in views if v.reused_from is None]
+
+    def step(v: TrialView) -> str:
+        p = v.forecast.get("step")
+        if v.predicted and v.predicted_kind == "too_slow" and v.step_s:
+            return f"{v.step_s:.3g}s (not run)"
+        return "-" if not p else f"{p['step_s']:.3g}s +-{100 * p['error']:.0f}%"
+
+    def peak(v: TrialView) -> str:
+        p = v.forecast.get("peak_memory_bytes")
+        return format_bytes(p) if p else "-"
+
+    cols = [[f"#{v.number}" + (" (baseline)" if v.is_baseline else "") for v in rows],
+            [v.config.describe() for v in rows],
+            ["ruled out" if v.predicted else v.status for v in rows],
+            [step(v) for v in rows],
+            ["-" if v.predicted or v.step_s is None else f"{v.step_s:.3g}s" for v in rows],
+            [peak(v) for v in rows],
+            ["-" if v.predicted or not v.peak_memory_bytes else format_bytes(v.peak_memory_bytes)
+             for v in rows]]
+    return go.Figure(go.Table(
+        header={"values": ["trial", "config", "outcome", "step (predicted)", "step (measured)",
+                           "peak (predicted)", "peak (measured)"]},
         cells={"values": cols}))

@@ -28,3 +28,19 @@ def test_search_benchmark_replays_the_measured_grid() -> None:
     # Every measured row is a real trial outcome on this grid's machine.
     grid = json.loads((ROOT / "benchmarks" / "data" / "grid_mlp.json").read_text())
     assert grid["fingerprint"] and len(grid["rows"]) == 96 and len(grid["repeats"]) == 12
+
+
+def test_slow_replay_charges_time_and_reports_every_strategy() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "slow_replay.py"), "--seeds", "1", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert set(report["strategies"]) == {"autotune", "random", "tpe", "largest_batch",
+                                         "oom_halving"}
+    assert 1.0 <= report["step_s_range"][0] < report["step_s_range"][1]
+    assert 0.0 <= report["measurable_optimum"]["regret"] < 1.0
+    for name, s in report["strategies"].items():
+        for minutes in (4, 8, 12):
+            assert 0.0 <= s[f"regret_at_{minutes}m"] <= 1.0, (name, minutes)
+        assert s["minutes_measuring_nothing"] >= 0.0 and s["evaluations"] >= 1

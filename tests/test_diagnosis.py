@@ -17,7 +17,7 @@ from autotune.trial.bench.flops import count_flops, flops_for
 from autotune.trial.launch import execute, plan
 from autotune.trial.measurement import classify
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
-from autotune.tuner.diagnosis import KINDS, diagnose, mfu
+from autotune.tuner.diagnosis import KINDS, MemoryWall, diagnose, mfu
 from autotune.tuner.results import larger_over_limit
 from autotune.workloads import WorkloadSpec, resolve
 
@@ -119,9 +119,16 @@ def test_memory_bound_by_share_or_by_a_larger_batch_over_the_limit() -> None:
     assert kinds(diagnose(m, Config(micro_batch_size=64), device="cuda",
                           limit=20 * GIB)) == ["compute-bound"]
     found = diagnose(m, Config(micro_batch_size=64), device="cuda", limit=20 * GIB,
-                     larger_over_limit=(7, 128))
+                     larger_over_limit=MemoryWall(7, 128, measured=True))
     assert kinds(found) == ["memory-bound"]
     assert "micro-batch 128 passed it (trial 7)" in found[0].text
+    assert "(test: the next micro-batch with a larger --memory-limit" in found[0].text
+    # A wall the memory model only predicted is named as a prediction, and is no finding.
+    (only,) = diagnose(m, Config(micro_batch_size=64), device="cuda", limit=20 * GIB,
+                       larger_over_limit=MemoryWall(7, 128, measured=False))
+    assert only.kind == "compute-bound"
+    assert "micro-batch 128 is predicted to pass it (trial 7, not run)" in only.text
+    assert only.evidence["predicted_over_limit"] == {"trial": 7, "micro_batch": 128}
 
 
 def test_probe_flags_of_this_device_become_findings() -> None:
@@ -131,7 +138,8 @@ def test_probe_flags_of_this_device_become_findings() -> None:
     m = {"breakdown": {}, "peak_memory_bytes": GIB}
     found = diagnose(m, Config(), device="cuda", limit=80 * GIB, probe=probe)
     assert kinds(found) == ["degraded-link", "slow-device"]
-    assert found[0].text == "degraded link: GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16"
+    assert found[0].text == ("degraded link: GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16 "
+                             "(test: `autotune probe --refresh` after checking the machine)")
     on_cpu = diagnose(m, Config(), device="cpu", limit=80 * GIB, probe=probe)
     assert kinds(on_cpu) == ["slow-device"] and "CPU GEMM" in on_cpu[0].text
 
@@ -143,6 +151,8 @@ def test_compute_bound_when_nothing_else_holds_it_back() -> None:
     assert only.kind == "compute-bound"
     assert only.text.startswith("compute-bound: MFU 62% of the measured bf16 peak; data wait 2%")
     assert only.evidence["mfu"] == 0.62
+    # What would test it: a larger effective batch, by accumulation.
+    assert "(test: grad_accum_steps 2 with micro-batch 8)" in only.text
 
 
 def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory() -> None:
@@ -155,11 +165,19 @@ def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory
 
     trials = [trial(0, 32, "ok", 5 * GIB), trial(1, 64, "ok", 9 * GIB),
               trial(2, 256, "oom", 0), trial(3, 128, "ok", 11 * GIB),
-              trial(4, 512, "pruned", 0, predicted=True, reason="predicted-oom: peak 40.00 GiB")]
-    # 128 passed a 10 GiB limit right above 64: the wall.
-    assert larger_over_limit(trials, Config(micro_batch_size=64), 10 * GIB) == (3, 128)
-    assert larger_over_limit(trials, Config(micro_batch_size=128), 12 * GIB) == (2, 256)
-    assert larger_over_limit(trials, Config(micro_batch_size=256), 12 * GIB) == (4, 512)
+              trial(4, 512, "pruned", 0, predicted=True, reason="predicted-oom: peak 40.00 GiB"),
+              trial(5, 1024, "timeout", 0, predicted=True, predicted_kind="too_slow"),
+              trial(6, 2048, "timeout", 0)]
+    # 128 passed a 10 GiB limit right above 64: the wall, measured.
+    assert larger_over_limit(trials, Config(micro_batch_size=64), 10 * GIB) == \
+        MemoryWall(3, 128, measured=True)
+    assert larger_over_limit(trials, Config(micro_batch_size=128), 12 * GIB) == \
+        MemoryWall(2, 256, measured=True)
+    # Ruled out by the memory model: a wall, but a predicted one.
+    assert larger_over_limit(trials, Config(micro_batch_size=256), 12 * GIB) == \
+        MemoryWall(4, 512, measured=False)
+    # Too slow to measure (measured or predicted) says nothing about memory.
+    assert larger_over_limit(trials, Config(micro_batch_size=512), 12 * GIB) is None
     assert larger_over_limit(trials, Config(micro_batch_size=64, amp="bf16"), GIB) is None
     # 32 won although 64 and 128 fit: throughput stopped growing before the wall at 256.
     assert larger_over_limit(trials, Config(micro_batch_size=32), 12 * GIB) is None

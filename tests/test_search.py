@@ -197,7 +197,8 @@ def test_confirmation_shrinks_to_the_time_left() -> None:
     top = [Candidate(n, Config(micro_batch_size=8 * n)) for n in (3, 5, 7)]
     base = Candidate(0, Config(), is_baseline=True)
     cands = [*top, base]
-    walls = {0: 10.0, 3: 10.0, 5: 10.0, 7: 10.0}  # one run: 1.5 x 10 s + 2 s start-up = 17 s
+    # One run: 15 s (its start-up and its round's measuring budget) + 2 s for the process.
+    walls = {0: 15.0, 3: 15.0, 5: 15.0, 7: 15.0}
     assert confirmation_seconds(cands, walls, 1) == pytest.approx(68.0)
     assert plan_confirmation(cands, walls, 3, None) == (cands, 3)  # no deadline: everything
     assert plan_confirmation(cands, walls, 3, 300.0) == (cands, 3)

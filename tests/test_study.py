@@ -129,22 +129,37 @@ def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     assert timed_out.state == TrialState.PRUNED and timed_out.user_attrs["status"] == "timeout"
 
 
-def test_a_too_slow_config_that_already_beats_the_best_is_measured_properly(
+def test_long_steps_get_their_budget_and_a_known_too_slow_config_never_starts(
         workdir: Path) -> None:
-    # The baseline's batch of 4 takes 1 s a step (4 samples/s); batch 64 takes 4 s a step
-    # (16 samples/s), too long to measure in a 2 s budget. Its rough rate beats the best, so the
-    # study measures it again with room for warm-up and a window.
-    (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [64]}\n")
-    result = autotune("run", "--model", "autotune.testing.workloads:slow", "--param", "step_s=1",
-                      "--param", "exponent=0.5",
-                      "--space", "space.yaml", "--trials", "2", "--trial-seconds", "2",
-                      "--window-seconds", "0.5", "--trial-timeout", "60s", "--confirm-top", "0",
-                      "--storage", DB, cwd=workdir)
+    # Steps sleep 0.25 s per 4 samples: 4 -> 0.25 s, 16 -> 1 s, 64 -> 4 s. Measuring 16 needs
+    # more than the 2 s --trial-seconds: the step-time model, scaled from the baseline, gives
+    # it that. 64 needs ~28 s of warm-up and windows; the 20 s trial timeout cannot hold it,
+    # and the fit on 4 and 16 says so before anything starts.
+    (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [4, 16, 64]}\n")
+    result = autotune("run", "--model", "autotune.testing.workloads:slow",
+                      "--param", "step_s=0.25", "--param", "exponent=1", "--space", "space.yaml",
+                      "--trials", "3", "--trial-seconds", "2", "--window-seconds", "0.2",
+                      "--trial-timeout", "20s", "--confirm-top", "0", "--storage", DB,
+                      cwd=workdir)
     assert result.returncode == 0, result.stderr
-    base, big = recorded(load(DB))
-    assert big.user_attrs["status"] == "ok" and "remeasured" in big.user_attrs
-    # Their steps sleep: neither can beat its sleeping rate, and 64 beats 4 by 4x by design.
-    assert 0 < base.value <= 4.0 * 1.02 and base.value < big.value <= 16.0 * 1.02
+    trials = recorded(load(DB))
+    by_micro = {t.params["micro_batch_size"]: t for t in trials
+                if t.user_attrs.get("reused_from") is None}
+    base, sixteen = by_micro[4], by_micro[16]
+    assert base.user_attrs["status"] == "ok" and "budget" not in base.user_attrs
+    assert sixteen.user_attrs["status"] == "ok"
+    assert sixteen.user_attrs["budget"]["max_seconds"] > 2.0
+    assert len(sixteen.user_attrs["measurement"]["windows"]) >= 3
+    forecast = sixteen.user_attrs["forecast"]["step"]
+    assert forecast["fitted"] is False and forecast["step_s"] == pytest.approx(1.0, rel=0.3)
+    slow = by_micro[64]
+    assert slow.user_attrs["predicted"] and slow.user_attrs["predicted_kind"] == "too_slow"
+    assert slow.user_attrs["reason"].startswith("predicted-too-slow: ~")
+    assert slow.state == TrialState.PRUNED
+    assert not (workdir / "studies").exists() or not any(
+        (workdir / "studies").glob(f"*/trials/{slow.number:04d}"))  # nothing ran
+    assert "predicted too slow" in result.stdout
+    assert "(predicted 1" in result.stdout  # predicted beside measured, per trial
 
 
 def test_resuming_keeps_the_memory_limit(workdir: Path) -> None:

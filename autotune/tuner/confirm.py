@@ -4,6 +4,13 @@ decided by a margin larger than the measured noise, and the profile exported fro
 A search trial's figure comes from one process at one moment of a machine that drifts by 10-30%
 within minutes; the confirmation runs the top configs and the baseline in interleaved rounds (A B
 C A B C ...), with windows twice as long, so drift hits every config alike.
+
+It is kept cheap enough to always run: its share of --timeout is reserved from the start (the
+search gets the rest), each round's measuring budget is sized to the config's step time (warm-up
+and the minimum windows; the rounds give the spread), the plan shrinks to fewer rounds and then
+to the best config and the baseline when the budget is short, and rounds stop as soon as the
+decision is clear or the win is out of reach. A winner that does not beat the baseline by more
+than the measured noise is no win: the baseline's settings are exported, with speedup 1.0.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from autotune.config.knobs import Config
 from autotune.profile import Profile
 from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.options import CONFIRM_SHARE
+from autotune.tuner.budget import confirm_settings
+from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
 from autotune.tuner.results import (
     build_profile,
     confirmed,
@@ -30,15 +38,38 @@ from autotune.tuner.results import (
     pick_baseline,
     recorded,
 )
-from autotune.tuner.search import Candidate, confirmation_seconds, decide, plan_confirmation
+from autotune.tuner.search import (
+    Candidate,
+    confirmation_seconds,
+    decide,
+    plan_confirmation,
+    settled,
+)
 
 # (config, workdir, timeout, settings) -> the measurement of one fresh trial process
 MeasureOne = Callable[[Config, Path, float, MeasureSettings], Measurement]
 
 
-def walls(trials: list[FrozenTrial]) -> dict[int, float]:
-    """Each trial's wall time: what a round of it costs."""
-    return {t.number: float(t.user_attrs["measurement"].get("wall_s") or 0.0) for t in trials}
+def round_settings(trials: list[FrozenTrial], c: Candidate,
+                   settings: MeasureSettings) -> MeasureSettings:
+    """How ``c`` is measured in each round: longer windows, a budget sized to its steps."""
+    t = next(t for t in trials if t.number == c.number)
+    rate = t.user_attrs["measurement"].get("samples_per_sec")
+    return confirm_settings(settings, c.config.samples_per_step / rate if rate else None)
+
+
+def costs(trials: list[FrozenTrial], cands: list[Candidate],
+          settings: MeasureSettings) -> dict[int, float]:
+    """What one round of each candidate costs: its trial's start-up (wall time less warm-up
+    and windows; half the wall time where the trial did not say) and its round's budget."""
+    out = {}
+    for c in cands:
+        m = next(t for t in trials if t.number == c.number).user_attrs["measurement"]
+        timings, wall = m.get("timings") or {}, float(m.get("wall_s") or 0.0)
+        measuring = timings.get("warmup_s", 0.0) + timings.get("measure_s", 0.0)
+        startup = wall - measuring if "measure_s" in timings else 0.5 * wall
+        out[c.number] = max(startup, 0.0) + round_settings(trials, c, settings).max_seconds
+    return out
 
 
 def candidates(trials: list[FrozenTrial], limit: int, top: int) -> list[Candidate]:
@@ -55,16 +86,25 @@ def candidates(trials: list[FrozenTrial], limit: int, top: int) -> list[Candidat
 
 
 def reserve(trials: list[FrozenTrial], limit: int, top: int, rounds: int,
-            timeout_s: float | None) -> float:
-    """Seconds of the --timeout kept for the confirmation: what the largest plan within
-    CONFIRM_SHARE of the budget needs; nothing when even the smallest does not fit there."""
-    if top <= 0 or not timeout_s:
+            timeout_s: float | None, settings: MeasureSettings) -> float:
+    """Seconds of the --timeout kept for the confirmation. Nothing before the first trial (the
+    baseline runs whatever the budget: without it there is nothing to confirm against); then
+    CONFIRM_SHARE of it; once two configs measured ok, what the largest plan within that share
+    needs, or, when even the smallest plan (the best and the baseline, twice) needs more, that
+    much up to CONFIRM_MAX_SHARE; nothing beyond it (the run then says it could not confirm)."""
+    if top <= 0 or not timeout_s or not measured(trials):
         return 0.0
     share = CONFIRM_SHARE * timeout_s
-    plan = plan_confirmation(candidates(trials, limit, top), walls(trials), rounds, share)
-    if isinstance(plan, str):
-        return 0.0
-    return min(share, confirmation_seconds(plan[0], walls(trials), plan[1]))
+    cands = candidates(trials, limit, top)
+    if len(cands) < 2:
+        return share
+    cost = costs(trials, cands, settings)
+    plan = plan_confirmation(cands, cost, rounds, share)
+    if not isinstance(plan, str):
+        return min(share, confirmation_seconds(plan[0], cost, plan[1]))
+    smallest = [cands[0]] + [c for c in cands[1:] if c.is_baseline][:1]
+    need = confirmation_seconds(smallest, cost, 2)
+    return need if need <= CONFIRM_MAX_SHARE * timeout_s else 0.0
 
 
 def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings, *, limit: int,
@@ -77,15 +117,20 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     trials = recorded(study)
     if top <= 0 or confirmed(study, trials) is not None:
         return None
-    plan = plan_confirmation(candidates(trials, limit, top), walls(trials), rounds,
+    cands = candidates(trials, limit, top)
+    plan = plan_confirmation(cands, costs(trials, cands, settings), rounds,
                              None if deadline is None else deadline - time.monotonic())
     if isinstance(plan, str):
         return plan
     cands, planned = plan
     longer = settings.with_longer_windows()
-    done = 0
+    each = {c.number: round_settings(trials, c, settings) for c in cands}
+    for c in cands:
+        c.measure = each[c.number].to_dict()
+    done, stopped = 0, None
     for r in range(planned):
-        results = _round(r, planned, cands, lambda c, w, t: measure(c, w, t, longer),
+        results = _round(r, planned, cands,
+                         lambda c, w, t: measure(c.config, w, t, each[c.number]),
                          trial_timeout_s, deadline, out_dir, on_round)
         # A round counts only when every config ran in it: a round cut by the --timeout would
         # compare one config's fresh run with another's missing one.
@@ -99,12 +144,16 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
             else:
                 c.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
         done += 1
+        stopped = settled(cands, limit, headroom) if done < planned else None
+        if stopped:
+            break
     if done < 2:
         return (f"the --timeout ended the confirmation after {done} complete round(s); two are "
                 "needed for a spread")
     decision = decide(cands, limit, headroom)
     study.set_user_attr("confirmation", {
-        "measured_trials": len(measured(trials)), "rounds": done,
+        "measured_trials": len(measured(trials)), "rounds": done, "planned_rounds": planned,
+        "stopped_early": stopped,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
         "created": datetime.now(UTC).isoformat(timespec="seconds")})
@@ -112,7 +161,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
 
 
 def _round(r: int, rounds: int, cands: list[Candidate],
-           measure: Callable[[Config, Path, float], Measurement],
+           measure: Callable[[Candidate, Path, float], Measurement],
            trial_timeout_s: float, deadline: float | None, out_dir: Path,
            on_round: Callable[[int, int, Candidate, Measurement], None],
            ) -> list[tuple[Candidate, Measurement]] | None:
@@ -124,7 +173,7 @@ def _round(r: int, rounds: int, cands: list[Candidate],
             timeout = min(timeout, deadline - time.monotonic())
         if timeout < 1.0:
             return None
-        m = measure(c.config, out_dir / "confirm" / f"{r + 1}-{c.number:04d}", timeout)
+        m = measure(c, out_dir / "confirm" / f"{r + 1}-{c.number:04d}", timeout)
         if m.ended_by == INTERRUPTED:
             raise KeyboardInterrupt
         if m.ended_by == TRIAL_TIMEOUT and timeout < trial_timeout_s:

@@ -26,6 +26,22 @@ KINDS = ("input-bound", "communication-bound", "memory-bound", "degraded-link", 
 
 
 @dataclass(frozen=True)
+class MemoryWall:
+    """The smallest larger micro-batch that did not fit: which trial, and whether it was
+    measured (an OOM or a peak over the limit) or only predicted by the memory model."""
+
+    trial: int
+    micro_batch: int
+    measured: bool
+
+    def words(self) -> str:
+        if self.measured:
+            return f"micro-batch {self.micro_batch} passed it (trial {self.trial})"
+        return (f"micro-batch {self.micro_batch} is predicted to pass it (trial {self.trial}, "
+                "not run)")
+
+
+@dataclass(frozen=True)
 class Finding:
     kind: str  # one of KINDS
     text: str  # one line, its numbers in it
@@ -58,11 +74,13 @@ def _dtype(config: Config) -> str:
 
 def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit: int,
              probe: dict[str, Any] | None = None,
-             larger_over_limit: tuple[int, int] | None = None) -> list[Finding]:
+             larger_over_limit: MemoryWall | None = None) -> list[Finding]:
     """What limits ``config``, from its stored measurement (``Measurement.to_dict()``), the
     memory limit, the probe's summary and, when the study has one, the smallest larger
-    micro-batch that passed the limit (trial number, micro-batch). Never empty: when nothing
-    else holds it back, the config is compute-bound."""
+    micro-batch that passed the limit. Never empty: when nothing else holds it back, the
+    config is compute-bound. Only measurements make a finding: a memory wall the memory model
+    predicted is named as a prediction and is not, alone, memory-bound. Each finding says what
+    would test it."""
     m, c, probe = measurement, config, probe or {}
     shares = m.get("breakdown") or {}
     data, comm = shares.get("data_wait", 0.0), shares.get("comm_wait", 0.0)
@@ -72,6 +90,7 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
         _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean")),
         _communication_bound(comm, c, probe),
         _memory_bound(peak_mem, used, limit, larger_over_limit)) if f is not None]
+    wall = larger_over_limit
     found += _probe_flags(probe, device)
     low, evidence = _efficiency(m.get("mfu"), m.get("peak_tflops"), c, device, probe,
                                 bool(found))
@@ -81,13 +100,23 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
         share = m.get("mfu")
         what = (f"MFU {100 * share:.0f}% of the measured {_dtype(c)} peak" if share is not None
                 else "no MFU (no FLOPs figure or no probe)")
+        predicted = f"; {wall.words()}" if wall is not None and not wall.measured else ""
+        test = _accumulation_test(c)
         found.append(Finding("compute-bound", (
             f"compute-bound: {what}; data wait {100 * data:.0f}%, communication "
-            f"{100 * comm:.0f}%, memory {100 * used:.0f}% of the limit: the math is the limit, "
-            "so the next gains are in the model (fused kernels, torch.compile), not these knobs"),
+            f"{100 * comm:.0f}%, memory {100 * used:.0f}% of the limit{predicted}: the math is "
+            f"the limit; a larger effective batch amortises the optimizer step ({test}), and "
+            "beyond that the gains are in the model (fused kernels, torch.compile)"),
             {**evidence, "data_wait_share": round(data, 4), "comm_wait_share": round(comm, 4),
-             "memory_share": round(used, 4)}))
+             "memory_share": round(used, 4), "test": test,
+             "predicted_over_limit": None if wall is None or wall.measured
+             else {"trial": wall.trial, "micro_batch": wall.micro_batch}}))
     return found
+
+
+def _accumulation_test(c: Config) -> str:
+    return (f"test: grad_accum_steps {2 * c.grad_accum_steps} with micro-batch "
+            f"{c.micro_batch_size}")
 
 
 def _input_bound(data: float, c: Config, device: str, util: float | None) -> Finding | None:
@@ -100,13 +129,14 @@ def _input_bound(data: float, c: Config, device: str, util: float | None) -> Fin
     if device == "cuda" and not c.pin_memory:
         advice += "; pin_memory makes the host-to-device copy asynchronous"
     seen = f"; GPU utilisation averaged {util:.0f}%" if util is not None else ""
+    test = f"test: num_workers {max(2, 2 * c.num_workers)} with the rest unchanged"
     return Finding("input-bound", (
         f"input-bound: the step waits for data {100 * data:.0f}% of its time (num_workers "
         f"{c.num_workers}, pin_memory {'on' if c.pin_memory else 'off'}, prefetch_factor "
-        f"{c.prefetch_factor or 'default'}){seen}: {advice}"),
+        f"{c.prefetch_factor or 'default'}){seen}: {advice} ({test})"),
         {"data_wait_share": round(data, 4), "num_workers": c.num_workers,
          "pin_memory": c.pin_memory, "prefetch_factor": c.prefetch_factor,
-         "gpu_util_mean": util})
+         "gpu_util_mean": util, "test": test})
 
 
 def _communication_bound(comm: float, c: Config, probe: dict[str, Any]) -> Finding | None:
@@ -114,27 +144,34 @@ def _communication_bound(comm: float, c: Config, probe: dict[str, Any]) -> Findi
         return None
     busbw = probe.get("allreduce_busbw_gbs")
     measured = f"; the probe measured {busbw:g} GB/s all-reduce bus bandwidth" if busbw else ""
+    test = _accumulation_test(c)
     return Finding("communication-bound", (
         f"communication-bound: the step waits {100 * comm:.0f}% of its time for the gradient "
         f"all-reduce ({c.world_size} ranks, {c.ddp_bucket_cap_mb} MB buckets){measured}: "
-        "more accumulation steps or a larger micro-batch all-reduce less often per sample"),
+        f"more accumulation steps or a larger micro-batch all-reduce less often per sample "
+        f"({test})"),
         {"comm_wait_share": round(comm, 4), "world_size": c.world_size,
-         "bucket_cap_mb": c.ddp_bucket_cap_mb, "allreduce_busbw_gbs": busbw})
+         "bucket_cap_mb": c.ddp_bucket_cap_mb, "allreduce_busbw_gbs": busbw, "test": test})
 
 
 def _memory_bound(peak_mem: int, used: float, limit: int,
-                  larger_over_limit: tuple[int, int] | None) -> Finding | None:
-    if used < MEMORY_BOUND and not larger_over_limit:
+                  wall: MemoryWall | None) -> Finding | None:
+    """Memory-bound needs a measurement: a peak near the limit, or a larger micro-batch that
+    ran out of memory or passed the limit. A wall the memory model only predicted is named as
+    such, never the finding's reason."""
+    measured_wall = wall is not None and wall.measured
+    if used < MEMORY_BOUND and not measured_wall:
         return None
-    larger = (f"; micro-batch {larger_over_limit[1]} passed it (trial {larger_over_limit[0]})"
-              if larger_over_limit else "")
+    larger = f"; {wall.words()}" if wall is not None else ""
+    test = "test: the next micro-batch with a larger --memory-limit or activation checkpointing"
     return Finding("memory-bound", (
         f"memory-bound: peak {format_bytes(peak_mem)} is {100 * used:.0f}% of the "
         f"{format_bytes(limit)} limit{larger}: activation checkpointing, a lower precision "
-        "or a larger --memory-limit would let larger batches run"),
+        f"or a larger --memory-limit would let larger batches run ({test})"),
         {"peak_memory_bytes": peak_mem, "memory_limit_bytes": limit,
-         "share": round(used, 4), "larger_over_limit": list(larger_over_limit)
-         if larger_over_limit else None})
+         "share": round(used, 4), "test": test,
+         "larger_over_limit": None if wall is None else
+         {"trial": wall.trial, "micro_batch": wall.micro_batch, "measured": wall.measured}})
 
 
 def _probe_flags(probe: dict[str, Any], device: str) -> list[Finding]:
@@ -144,9 +181,10 @@ def _probe_flags(probe: dict[str, Any], device: str) -> list[Finding]:
         if (device == "cuda") == flag.startswith("CPU"):
             continue  # the other device's figures do not limit this study
         link = any(w in flag for w in ("PCIe", "host-to-device", "device-to-host", "all-reduce"))
+        test = "test: `autotune probe --refresh` after checking the machine"
         found.append(Finding("degraded-link" if link else "slow-device",
-                             ("degraded link: " if link else "slow device: ") + flag,
-                             {"probe_flag": flag}))
+                             ("degraded link: " if link else "slow device: ") + flag
+                             + f" ({test})", {"probe_flag": flag, "test": test}))
     return found
 
 
@@ -166,6 +204,8 @@ def _efficiency(share: float | None, peak: float | None, c: Config, device: str,
            "elementwise and normalisation kernels, the optimizer step, launch overheads)")
     if c.amp == "off" and probe.get("peak_tflops", {}).get("bf16", 0) > peak:
         why += "; this config computes in fp32"
+    test = f"test: micro-batch {2 * c.micro_batch_size} with the rest unchanged"
     return Finding("low-mfu", (
         f"low MFU: {100 * share:.0f}% of the measured {_dtype(c)} peak ({achieved:.3g} "
-        f"of {peak * ranks:.3g} TFLOP/s): {why}"), evidence), evidence
+        f"of {peak * ranks:.3g} TFLOP/s): {why} ({test})"), {**evidence, "test": test}), \
+        evidence

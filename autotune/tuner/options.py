@@ -25,7 +25,8 @@ DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a
 DEFAULT_TRIAL_TIMEOUT_S = 180.0
 CONFIRM_TOP = 3  # configs re-measured at the end (0: no confirmation)
 CONFIRM_ROUNDS = 3  # interleaved rounds of that re-measurement
-CONFIRM_SHARE = 0.4  # at most this share of a --timeout is kept for the confirmation
+CONFIRM_SHARE = 0.4  # this share of a --timeout is kept for the confirmation from the start
+CONFIRM_MAX_SHARE = 0.6  # ... and up to this share when its smallest plan needs more
 STUDIES = Path("studies")
 
 
@@ -230,13 +231,13 @@ def budget_text(o: RunOptions) -> str:
         parts.append(f"{format_duration(o.timeout_s)} of wall time")
     more = ""
     if o.confirm_top > 0:
-        more = (f"; then the top {o.confirm_top} and the baseline are re-measured, "
+        more = (f"; then the top {o.confirm_top} and the baseline are re-measured, up to "
                 f"{o.confirm_rounds} interleaved rounds"
-                + (f" (within the time budget: up to {100 * CONFIRM_SHARE:.0f}% of "
-                   "it)" if o.timeout_s is not None else ""))
+                + (f" ({format_duration(CONFIRM_SHARE * o.timeout_s)} of the time budget kept "
+                   "for it from the start)" if o.timeout_s is not None else ""))
     return (" or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
-            + f"; each trial measures for at most {o.measure.max_seconds:.0f}s and is "
-            f"killed at {o.trial_timeout_s:.0f}s" + more)
+            + f"; each trial measures for {o.measure.max_seconds:.0f}s, longer when its "
+            f"predicted steps need it, and is killed at {o.trial_timeout_s:.0f}s" + more)
 
 
 def memory_limit(spec: str | None, hw: Hardware) -> int:

@@ -76,9 +76,37 @@ def of_prediction(reason: str, peak: float | None, limit: int) -> Record:
     """The record of a config the memory model ruled out: nothing ran. Infeasible for the
     sampler, like an OOM: its constraint is the predicted excess."""
     return Record(
-        {"status": "pruned", "reason": reason, "predicted": True,
+        {"status": "pruned", "reason": reason, "predicted": True, "predicted_kind": "oom",
          "measurement": {"status": "pruned", "reason": reason, "peak_memory_bytes": 0,
                          "wall_s": 0.0, "windows": [],
                          "predicted_peak_memory_bytes": None if peak is None else int(peak)},
          "memory_limit_bytes": limit},
         TrialState.PRUNED, constraint=max(1.0, (peak or 0.0) - limit))
+
+
+def of_slow_prediction(reason: str, step_s: float, samples_per_step: int,
+                       limit: int) -> Record:
+    """The record of a config the step-time model ruled out: its steps are predicted too long
+    to measure within --trial-timeout, and nothing ran. Pruned, like a measured too-slow
+    trial, with the predicted rate as the sampler's hint; memory is unknown, so no
+    constraint."""
+    rate = samples_per_step / step_s if step_s > 0 else 0.0
+    return Record(
+        {"status": "timeout", "reason": reason, "predicted": True,
+         "predicted_kind": "too_slow",
+         "measurement": {"status": "timeout", "reason": reason, "peak_memory_bytes": 0,
+                         "wall_s": 0.0, "windows": [], "predicted_step_s": round(step_s, 4),
+                         "rough_samples_per_sec": round(rate, 6)},
+         "memory_limit_bytes": limit},
+        TrialState.PRUNED, intermediate=(rate,) if rate else ())
+
+
+def of_no_room(reason: str, limit: int, *, number: int, baseline: bool) -> Record:
+    """The record of a config not started because what is left of the run's --timeout cannot
+    measure it: no result, queued for the next run (which has its own budget)."""
+    return Record({"status": "error", "reason": reason, "interrupted": True,
+                   "measurement": {"status": "error", "reason": reason, "wall_s": 0.0,
+                                   "peak_memory_bytes": 0, "windows": []},
+                   "memory_limit_bytes": limit},
+                  TrialState.FAIL, retry_attrs={"retry_of": number, "baseline": baseline,
+                                                "budget_cut": False})

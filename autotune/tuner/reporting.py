@@ -47,14 +47,14 @@ class RunSummary:
     confirm_skipped: str | None = None  # why this run did not confirm, when it did not
     dashboard: str = ""  # its path, or why it was not written; "" without a dashboard writer
     diagnosis: list[dict[str, Any]] = field(default_factory=list)  # what limits the winner
+    # The profile's speedup: side by side when confirmed, 1.0 when no config beat the baseline
+    # beyond the noise, the trials' own ratio when unconfirmed, None when one of those trials
+    # had a single window (or nothing is exported).
+    exported_speedup: float | None = None
 
     @property
     def speedup(self) -> float | None:
-        if self.confirmed_speedup is not None:
-            return self.confirmed_speedup
-        if self.best and self.baseline and self.baseline.samples_per_sec:
-            return (self.best.samples_per_sec or 0.0) / self.baseline.samples_per_sec
-        return None
+        return self.exported_speedup
 
 
 class Reporter(Protocol):

@@ -4,7 +4,7 @@ reads a storage through ``storage.py``); the running lives in runner.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,8 +14,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import Config, env_for
 from autotune.machine.probe import peak_for
 from autotune.profile import Profile
-from autotune.tuner.diagnosis import diagnose, mfu
-from autotune.tuner.search import Observation
+from autotune.tuner.diagnosis import MemoryWall, diagnose, mfu
+from autotune.tuner.search import NO_WIN, Observation
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,15 @@ class TrialView:
     overhead_share: float | None
     reused_from: int | None = None
     tflops: float | None = None
-    predicted: bool = False  # skipped on the memory model's word: nothing ran
+    predicted: bool = False  # ruled out by the memory or step-time model: nothing ran
     stage: str | None = None  # why the search proposed it, when it was not the sampler
     mfu: float | None = None  # achieved FLOP/s over the probe's measured peak
     gpu_util: float | None = None  # mean GPU utilisation over the timed windows (GPUs, NVML)
+    # What the models predicted before it ran: {"step": StepPrediction.to_dict() or None,
+    # "peak_memory_bytes": ... or None, "max_seconds": its measuring budget}; {} when none.
+    forecast: dict[str, Any] = field(default_factory=dict)
+    step_s: float | None = None  # measured seconds per optimizer step (samples/step / rate)
+    predicted_kind: str | None = None  # "oom" or "too_slow" when ruled out without running
 
 
 def view(t: FrozenTrial) -> TrialView:
@@ -52,7 +57,19 @@ def view(t: FrozenTrial) -> TrialView:
         wall_s=float(m.get("wall_s", 0.0)), overhead_share=a.get("overhead_share"),
         reused_from=a.get("reused_from"), tflops=m.get("tflops"),
         predicted=bool(a.get("predicted")), stage=a.get("stage"), mfu=m.get("mfu"),
-        gpu_util=(m.get("gpu") or {}).get("gpu_util_mean"))
+        gpu_util=(m.get("gpu") or {}).get("gpu_util_mean"), forecast=a.get("forecast") or (
+            {"peak_memory_bytes": m.get("predicted_peak_memory_bytes")} if a.get("predicted")
+            else {}),
+        step_s=_step_s(m, a["config"]),
+        predicted_kind=a.get("predicted_kind", "oom") if a.get("predicted") else None)
+
+
+def _step_s(m: dict[str, Any], config: dict[str, Any]) -> float | None:
+    """Seconds per optimizer step a trial measured (or, ruled out, was predicted to take)."""
+    if m.get("predicted_step_s"):
+        return float(m["predicted_step_s"])
+    rate = m.get("samples_per_sec")
+    return Config.from_dict(config).samples_per_step / rate if rate else None
 
 
 def recorded(study: optuna.Study) -> list[FrozenTrial]:
@@ -83,6 +100,19 @@ def observations(trials: list[FrozenTrial]) -> list[Observation]:
             samples_per_sec=m.get("samples_per_sec"),
             peak_memory_bytes=int(m.get("peak_memory_bytes") or 0),
             spread_cv=m.get("spread_cv"), predicted=bool(a.get("predicted")), number=t.number))
+    return out
+
+
+def startup_costs(trials: list[FrozenTrial]) -> list[tuple[float, float]]:
+    """(wall time, measuring time) of each trial that ran to a result: what a trial costs
+    besides its warm-up and windows is the difference."""
+    out = []
+    for t in measured(trials):
+        m = t.user_attrs.get("measurement") or {}
+        timings = m.get("timings") or {}
+        if t.user_attrs.get("status") == "ok" and "measure_s" in timings:
+            out.append((float(m.get("wall_s") or 0.0),
+                        float(timings.get("warmup_s", 0.0)) + float(timings["measure_s"])))
     return out
 
 
@@ -144,6 +174,12 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
     else:
         notes.append("not confirmed by an interleaved re-measurement: the samples/sec are the "
                      "search trial's own")
+        if speedup is not None and baseline is not None and (
+                m.get("spread_cv") is None
+                or baseline.user_attrs["measurement"].get("spread_cv") is None):
+            notes.append(f"no speedup claimed: {speedup:.2f}x comes from a single timed window "
+                         "(spread unknown)")
+            speedup = None
     if global_batch is not None:
         notes.append(f"global batch kept at {global_batch} samples per optimizer step "
                      f"(--global-batch): {config.micro_batch_size} per micro-batch x "
@@ -187,8 +223,11 @@ def _result_block(best: FrozenTrial, config: Config, trials: list[FrozenTrial],
     }
     source = next((t for t in trials if t.number == result["trial"]), best)
     measure = dict(source.user_attrs.get("measure_settings") or {})
-    if source.user_attrs.get("remeasured"):
-        measure["max_seconds"] = source.user_attrs["remeasured"]["max_seconds"]
+    # A measuring budget its steps needed ("remeasured": studies of autotune 0.x before the
+    # step-time model, which measured a too-slow config again with a longer budget).
+    for longer in ("budget", "remeasured"):
+        if source.user_attrs.get(longer):
+            measure["max_seconds"] = source.user_attrs[longer]["max_seconds"]
     result["measure"] = measure
     if m.get("ranks"):
         result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
@@ -226,7 +265,7 @@ def _confirmed(result: dict[str, Any], base_block: dict[str, Any], best: FrozenT
     if win is not None and win["median"]:
         result["trial_samples_per_sec"] = result["samples_per_sec"]
         result["samples_per_sec"] = win["median"]
-        result["measure"] = dict(confirmation["measure"])
+        result["measure"] = dict(win.get("measure") or confirmation["measure"])
         result["spread_cv"] = win["spread_cv"]
         result["peak_memory_bytes"] = max(result["peak_memory_bytes"], win["peak_memory_bytes"])
         if base is not None and base["median"]:
@@ -236,6 +275,14 @@ def _confirmed(result: dict[str, Any], base_block: dict[str, Any], best: FrozenT
             notes.append(f"speedup measured side by side: {confirmation['rounds']} "
                          "interleaved rounds of the top configs and the baseline")
     d = confirmation["decision"]
+    if d["decided_by"] == NO_WIN:
+        runner = by_trial.get(d.get("runner_up_trial"))
+        lead = (f" (the best, trial {runner['trial']}, measured {runner['median']:.4g} against "
+                f"{base['median']:.4g} samples/s)" if runner and base and runner["median"]
+                and base["median"] else "")
+        notes.append(f"no config beat the baseline by more than the measured noise (margin "
+                     f"{100 * d['margin']:.1f}%){lead}: the baseline's settings are kept")
+        return 1.0
     notes.append(f"winner decided by {d['decided_by']} (margin {100 * d['margin']:.1f}%, "
                  "twice the pooled spread of the top two)")
     return speedup
@@ -254,13 +301,13 @@ def _efficiency(block: dict[str, Any], config: Config, m: dict[str, Any], device
 
 
 def larger_over_limit(trials: list[FrozenTrial], config: Config,
-                      limit: int) -> tuple[int, int] | None:
-    """(trial, micro-batch) of the smallest micro-batch above ``config``'s, in the same
-    precision and ranks, that ran out of memory, passed the limit or was ruled out for it:
-    the memory wall the config stands at. None when there is none, or when a micro-batch
-    between the two ran within the limit: then throughput had already stopped growing with
-    the batch before the wall (the config beat that larger batch), and memory is not what
-    limits it."""
+                      limit: int) -> MemoryWall | None:
+    """The smallest micro-batch above ``config``'s, in the same precision and ranks, that ran
+    out of memory or passed the limit (measured), or that the memory model ruled out
+    (predicted): the memory wall the config stands at. None when there is none, or when a
+    micro-batch between the two ran within the limit: then throughput had already stopped
+    growing with the batch before the wall (the config beat that larger batch), and memory is
+    not what limits it. A config too slow to measure is no evidence about memory."""
     over, fits = [], []
     for t in trials:
         a = t.user_attrs
@@ -269,18 +316,21 @@ def larger_over_limit(trials: list[FrozenTrial], config: Config,
                 or c.micro_batch_size <= config.micro_batch_size:
             continue
         m = a.get("measurement") or {}
-        # The memory model rules configs out for predicted memory only.
-        if a.get("status") == "oom" or int(m.get("peak_memory_bytes") or 0) > limit \
-                or a.get("predicted"):
-            over.append((c.micro_batch_size, a.get("reused_from", t.number)))
+        predicted = bool(a.get("predicted"))
+        if predicted and a.get("predicted_kind", "oom") == "oom":
+            over.append((c.micro_batch_size, False, a.get("reused_from", t.number)))
+        elif not predicted and (a.get("status") == "oom"
+                                or int(m.get("peak_memory_bytes") or 0) > limit):
+            over.append((c.micro_batch_size, True, a.get("reused_from", t.number)))
         elif a.get("status") == "ok":
             fits.append(c.micro_batch_size)
     if not over:
         return None
-    micro, number = min(over)
+    # The smallest wall; at one micro-batch a measured one is the stronger evidence.
+    micro, measured_, number = min(over, key=lambda o: (o[0], not o[1]))
     if any(m < micro for m in fits):
         return None
-    return number, micro
+    return MemoryWall(number, micro, measured_)
 
 
 def _rate(t: FrozenTrial) -> float:

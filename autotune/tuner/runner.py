@@ -1,13 +1,14 @@
 """One ``autotune run``: the loop that asks for a config, claims it, measures it (or reuses a
-twin, or rules it out on the memory model's word), records it, and stops; then the confirmation
-and the profile.
+twin, or rules it out on the memory or step-time model's word), records it, and stops; then the
+confirmation and the profile.
 
 Trials are asked and told one at a time (ask/tell), so each gets a per-trial timeout cut to the
 remaining budget, Ctrl-C is recorded on the running trial, and a killed tuner's trial is found and
 retried on the next run (by its dead process id on this host at once, by heartbeat elsewhere).
 The parts live next door: options (checked at once), storage (Optuna and its internals), study
 (identity and the resume guard), measure (one config), record (what is written on a trial),
-search (the staged start, memory model, pruning, early stop), confirm (the winner and export).
+search (the staged start, memory model, pruning, early stop), budget (the step-time model and
+each trial's measuring budget), confirm (the winner and export).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from autotune.config.space import baseline_for_global_batch, load_space, narrow
 from autotune.errors import one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.profile import Profile
-from autotune.trial.measurement import BUDGET, INTERRUPTED, TOO_SLOW, TRIAL_TIMEOUT, Measurement
+from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner import claims, confirm, fleet, options, record, storage
+from autotune.tuner import budget, claims, confirm, fleet, options, record, storage
 from autotune.tuner.measure import Measurer
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
@@ -45,6 +46,7 @@ from autotune.tuner.results import (
     pick_best,
     recorded,
     shortest_useful_trial,
+    startup_costs,
     view,
 )
 from autotune.tuner.search import (
@@ -90,6 +92,7 @@ class Runner:
         self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
         options.check_out_dir(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
+        self.no_room: str | None = None  # the next config does not fit what is left of --timeout
         self.storage = storage.open_storage(self.storage_url)
         ident = Identity(self.study_name, self.workload_name, self.workload_spec, self.space,
                          hw, self.baseline, self.world, opts.global_batch)
@@ -172,6 +175,8 @@ class Runner:
         if self.opts.trials is not None and len(measured(trials)) + running >= self.opts.trials:
             return f"reached {self.opts.trials} trials" + (
                 f" ({running} of them still running on other workers)" if running else "")
+        if self.no_room:
+            return self.no_room
         reserve = self._confirmation_reserve(trials)
         if remaining is not None and remaining - reserve < shortest_useful_trial(trials):
             budget = format_duration(self.opts.timeout_s or 0)
@@ -217,7 +222,13 @@ class Runner:
             return any(t.user_attrs.get("stage") or t.user_attrs.get("baseline")
                        for t in waiting)
         obs = observations(trials)
-        proposal = staged_next(self.space, self.baseline, obs, self._memory_model(obs))
+        slow = budget.StepTimeModel(obs)
+        startup = budget.startup_seconds(startup_costs(trials), self.opts.trial_timeout_s)
+        proposal = staged_next(
+            self.space, self.baseline, obs, self._memory_model(obs),
+            too_slow=lambda c: budget.plan_trial(
+                c, slow, self.opts.measure, trial_timeout_s=self.opts.trial_timeout_s,
+                startup_s=startup, left_s=None).too_slow is not None)
         if proposal is None:
             return False
         running = [t.user_attrs.get("config") for t in
@@ -251,11 +262,22 @@ class Runner:
                 self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
                                              self._best_view())
                 return True
+            plan = None if twin is not None else self._trial_budget(config, remaining)
+            if plan is not None and (plan.too_slow or plan.no_room):
+                self._write(trial, self._not_run(plan, config, trial.number, is_baseline))
+                told = True
+                if plan.too_slow:
+                    self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
+                                                 self._best_view())
+                return True
             if twin is not None:  # reported once, when recorded: nothing runs
                 m = Measurement(**{**twin.user_attrs["measurement"], "stderr_tail": ""})
                 trial.set_user_attr("reused_from", twin.number)
             else:
-                m = self._measure_trial(trial, config, is_baseline, index, remaining)
+                assert plan is not None
+                self._forecast(trial, config, plan)
+                m = self._measure_trial(trial, config, is_baseline, index, remaining,
+                                        plan.settings)
             self._write(trial, record.of_measurement(
                 m, self.limit, number=trial.number, baseline=is_baseline,
                 devices=self.measurer.held))
@@ -273,45 +295,58 @@ class Runner:
                     trial.set_user_attr("interrupted", True)
                     self.study.tell(trial, state=TrialState.FAIL)
 
+    def _trial_budget(self, config: Config, remaining: float | None) -> budget.TrialBudget:
+        """The measuring budget ``config``'s predicted steps need, or why it does not run."""
+        trials = recorded(self.study)
+        return budget.plan_trial(
+            config, budget.StepTimeModel(observations(trials)), self.opts.measure,
+            trial_timeout_s=self.opts.trial_timeout_s,
+            startup_s=budget.startup_seconds(startup_costs(trials), self.opts.trial_timeout_s),
+            left_s=remaining)
+
+    def _not_run(self, plan: budget.TrialBudget, config: Config, number: int,
+                 is_baseline: bool) -> record.Record:
+        """The record of a config the step-time model kept from running: too slow for any
+        budget (a result, at no cost), or too slow for what is left of this run (no result:
+        queued for the next run, and this run's search ends)."""
+        if plan.too_slow:
+            assert plan.prediction is not None
+            return record.of_slow_prediction(plan.too_slow, plan.prediction.step_s,
+                                             config.samples_per_step, self.limit)
+        self.no_room = plan.no_room
+        return record.of_no_room(plan.no_room or "", self.limit, number=number,
+                                 baseline=is_baseline)
+
+    def _forecast(self, trial: optuna.Trial, config: Config, plan: budget.TrialBudget) -> None:
+        """What the models predicted before the trial ran, kept beside what it measured."""
+        peak = self._memory_model().predict(config)
+        trial.set_user_attr("forecast", {
+            "step": plan.prediction.to_dict() if plan.prediction else None,
+            "peak_memory_bytes": None if peak is None else int(peak),
+            "max_seconds": round(plan.settings.max_seconds, 2)})
+
     def _measure_trial(self, trial: optuna.Trial, config: Config, is_baseline: bool, index: int,
-                       remaining: float | None) -> Measurement:
-        """Run the trial's process; a trial the run's --timeout cut short is no result."""
+                       remaining: float | None, settings: MeasureSettings) -> Measurement:
+        """Run the trial's process with ``settings`` (the search's, or a longer measuring
+        budget its steps need); a trial the run's --timeout cut short is no result."""
         cut = remaining is not None and remaining < self.opts.trial_timeout_s
         timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
         self.reporter.trial_started(trial.number, index, self.opts.trials, config, is_baseline,
                                     timeout)
+        # The search's settings identify how it was measured (twins match on them); a longer
+        # budget is kept beside them.
         trial.set_user_attr("measure_settings", self.opts.measure.to_dict())
+        if settings.max_seconds != self.opts.measure.max_seconds:
+            trial.set_user_attr("budget", {"max_seconds": settings.max_seconds})
         best = self._best_view() if self.opts.prune and not is_baseline else None
-        m = self.measure_config(config, self._workdir(trial), timeout, self.opts.measure,
+        m = self.measure_config(config, self._workdir(trial), timeout, settings,
                                 best.samples_per_sec if best else None)
-        m = self._remeasure_if_promising(trial, config, m, remaining)
         if cut and m.ended_by == TRIAL_TIMEOUT and not trial.user_attrs.get("budget_cut"):
             # The run's budget ended this trial, not the config's speed: not a result, measured
             # again once by the next run (twice cut: it is a real timeout).
             m = replace(m, status="error", reason="stopped by the run's --timeout",
                         ended_by=BUDGET)
         return m
-
-    def _remeasure_if_promising(self, trial: optuna.Trial, config: Config, m: Measurement,
-                                remaining: float | None) -> Measurement:
-        """A config ended early as too slow to measure whose rough rate (from its first, slowest
-        step) already beats the best is measured again with room for warm-up and one window,
-        within the hard trial limit: big batches are often the fastest and must not be lost to
-        a measuring budget sized for ordinary steps."""
-        best = pick_best(recorded(self.study), self.limit)
-        rough = m.rough_samples_per_sec
-        if m.ended_by != TOO_SLOW or not rough or best is None:
-            return m
-        if rough <= best.user_attrs["measurement"]["samples_per_sec"]:
-            return m
-        step_s = config.samples_per_step / rough
-        room = min(self.opts.trial_timeout_s, remaining or math.inf)
-        budget = 3.5 * step_s  # two warm-up steps and one window, with slack
-        if budget * 1.25 + 15 > room:
-            return m
-        trial.set_user_attr("remeasured", {"first": m.reason, "max_seconds": budget})
-        return self.measure_config(config, self._workdir(trial), room,
-                                   replace(self.opts.measure, max_seconds=budget))
 
     def measure_config(self, config: Config, workdir: Path, timeout: float,
                        settings: MeasureSettings, prune_below: float | None = None,
@@ -375,7 +410,8 @@ class Runner:
 
     def _confirmation_reserve(self, trials: list[FrozenTrial]) -> float:
         o = self.opts
-        return confirm.reserve(trials, self.limit, o.confirm_top, o.confirm_rounds, o.timeout_s)
+        return confirm.reserve(trials, self.limit, o.confirm_top, o.confirm_rounds, o.timeout_s,
+                               o.measure)
 
     def _confirm(self, deadline: float | None) -> None:
         o = self.opts
@@ -401,7 +437,8 @@ class Runner:
             [view(t) for t in trials], wall_s, interrupted, stop_reason, confirmation=conf,
             confirmed_speedup=confirm.speedup_side_by_side(profile, conf),
             confirm_skipped=self.confirm_skipped, dashboard=self._dashboard(),
-            diagnosis=list(profile.diagnosis) if profile else [])
+            diagnosis=list(profile.diagnosis) if profile else [],
+            exported_speedup=profile.speedup if profile else None)
 
     def _dashboard(self) -> str:
         """Draw studies/<study>/dashboard.html again; failing to draw never fails the run."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ class Fit:
         return self.intercept + self.slope * micro
 
 
-def fit_affine(points: Sequence[tuple[int, int]]) -> Fit | None:
+def fit_affine(points: Sequence[tuple[float, float]]) -> Fit | None:
     """Least squares peak = a + b * micro over (micro, peak) points; None with fewer than two
     distinct micro-batch sizes. The slope is never negative (more samples never need less)."""
     xs = [float(m) for m, _ in points]
@@ -180,14 +180,15 @@ class Proposal:
 
 
 def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[Observation],
-                model: MemoryModel) -> Proposal | None:
+                model: MemoryModel,
+                too_slow: Callable[[Config], bool] | None = None) -> Proposal | None:
     """The next informed config, or None when the staged start is done.
 
     For each precision (the baseline's first): the micro-batch doubled until a config does not
-    fit (OOM, predicted OOM, too slow to measure or an error), then bisection between the largest
-    that fit and the smallest that did not. The first line starts at the baseline's batch; later
-    ones at the largest batch an earlier line fit (lower precision needs less memory), which
-    saves the doublings up to it.
+    fit (OOM, predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error),
+    then bisection between the largest that fit and the smallest that did not. The first line
+    starts at the baseline's batch; later ones at the largest batch an earlier line fit (lower
+    precision needs less memory), which saves the doublings up to it.
     """
     values = micro_values(space, baseline)
     if len(values) < 2:
@@ -202,8 +203,8 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
                 seen[micro] = seen.get(micro, False) or o.fits
         while (nxt := _next_micro(values, seen, start)) is not None:
             config = space.variant(line, micro_batch_size=nxt)
-            if model.verdict(config):
-                seen[nxt] = False  # ruled out by the memory model: no trial needed
+            if model.verdict(config) or (too_slow is not None and too_slow(config)):
+                seen[nxt] = False  # ruled out by a model: no trial needed
                 continue
             what = "largest micro-batch that fits" + (f" with amp {amp}" if amp != "off" else "")
             return Proposal(config, f"staged: {what}")
@@ -289,6 +290,7 @@ class Candidate:
     window_cvs: list[float] = field(default_factory=list)
     is_baseline: bool = False
     failures: list[str] = field(default_factory=list)
+    measure: dict[str, Any] = field(default_factory=dict)  # how its rounds measured
 
     @property
     def median(self) -> float | None:
@@ -310,17 +312,18 @@ class Candidate:
                 "samples_per_sec": [round(r, 4) for r in self.rates],
                 "median": None if self.median is None else round(self.median, 4),
                 "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
-                "baseline": self.is_baseline, "failures": self.failures}
+                "baseline": self.is_baseline, "failures": self.failures,
+                "measure": self.measure}
 
 
-def confirmation_seconds(cands: Sequence[Candidate], walls: dict[int, float],
+def confirmation_seconds(cands: Sequence[Candidate], costs: dict[int, float],
                          rounds: int) -> float:
-    """What ``rounds`` rounds of ``cands`` take, from their trials' wall times: windows twice as
-    long lengthen the measuring part; start-up is the same."""
-    return rounds * sum(1.5 * walls.get(c.number, 0.0) + 2.0 for c in cands)
+    """What ``rounds`` rounds of ``cands`` take, from what one run of each costs (its start-up
+    and its round's measuring budget, ``confirm.costs``), with 2 s each for the process."""
+    return rounds * sum(costs.get(c.number, 0.0) + 2.0 for c in cands)
 
 
-def plan_confirmation(cands: Sequence[Candidate], walls: dict[int, float], rounds: int,
+def plan_confirmation(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
                       left: float | None) -> tuple[list[Candidate], int] | str:
     """The candidates (best first) and rounds that fit ``left`` seconds, or why none fits:
     fewer rounds first, then fewer configs (the baseline stays), never fewer than two rounds of
@@ -331,11 +334,11 @@ def plan_confirmation(cands: Sequence[Candidate], walls: dict[int, float], round
     if left is None:
         return cands, rounds
     while True:
-        fit = min(rounds, int(left // max(confirmation_seconds(cands, walls, 1), 1e-9)))
+        fit = min(rounds, int(left // max(confirmation_seconds(cands, costs, 1), 1e-9)))
         if fit >= 2:
             return cands, fit
         if sum(not c.is_baseline for c in cands) <= 1 or len(cands) <= 2:
-            need = confirmation_seconds(cands, walls, 2)
+            need = confirmation_seconds(cands, costs, 2)
             return (f"two rounds of {len(cands)} configs need ~{format_duration(need)} and "
                     f"{format_duration(max(0.0, left))} are left; a longer --timeout leaves room "
                     "for it")
@@ -357,14 +360,70 @@ class Decision:
                 "excluded": {str(k): v for k, v in self.excluded.items()}}
 
 
+NO_WIN = "no win beyond noise"
+
+
+def margin_between(a: Candidate, b: Candidate) -> float:
+    """The lead ``a`` needs over ``b`` to count: twice their pooled spread, at least
+    ``NOISE_FLOOR``."""
+    return max(NOISE_FLOOR, 2 * math.sqrt((a.spread ** 2 + b.spread ** 2) / 2))
+
+
 def decide(candidates: Sequence[Candidate], limit: int, headroom: float = HEADROOM) -> Decision:
     """The winner of a confirmation.
 
     Eligible: every round ran to a result and the peak stayed below the limit less the headroom.
     The highest median wins when it leads the runner-up by more than the margin, twice the pooled
     spread of the two (at least ``NOISE_FLOOR``); within the margin the one with more memory
-    headroom wins (a tie in speed is not a reason to run closer to the wall).
+    headroom wins (a tie in speed is not a reason to run closer to the wall). A winner that does
+    not lead the baseline by more than their margin is no win: the baseline is kept
+    (``NO_WIN``).
     """
+    decision = _rank(candidates, limit, headroom)
+    base = next((c for c in candidates if c.is_baseline and c.number not in decision.excluded),
+                None)
+    win = decision.winner
+    if win is None or base is None or win is base:
+        return decision
+    margin = margin_between(win, base)
+    if (win.median or 0.0) / (base.median or 1e-12) - 1.0 > margin:
+        return decision
+    return Decision(base, win, margin, NO_WIN, decision.excluded)
+
+
+def settled(candidates: Sequence[Candidate], limit: int, headroom: float = HEADROOM) -> str | None:
+    """Why more rounds would not change the decision, or None: the winner leads the runner-up
+    and the baseline by more than their margins, or even the winner's best round against the
+    baseline's worst does not clear the margin (the win is not reachable). Needs two rounds."""
+    if any(len(c.rates) < 2 for c in candidates if not c.failures):
+        return None
+    d = decide(candidates, limit, headroom)
+    base = next((c for c in candidates if c.is_baseline and c.rates), None)
+    if d.winner is None:
+        return None
+    if d.decided_by == "median" and _clear(d, base):
+        return f"the winner leads by more than the margin ({100 * d.margin:.1f}%)"
+    if d.decided_by == NO_WIN and base is not None and d.runner_up is not None:
+        best_case = max(d.runner_up.rates) / min(base.rates) - 1.0
+        if best_case <= d.margin:
+            return (f"even its best round leads the baseline's worst by {100 * best_case:.1f}%, "
+                    f"within the margin ({100 * d.margin:.1f}%)")
+    return None
+
+
+def _clear(d: Decision, base: Candidate | None) -> bool:
+    """The winner leads the runner-up (and the baseline) beyond their margins."""
+    win = d.winner
+    if win is None:
+        return False
+    others = [c for c in (d.runner_up, base) if c is not None and c is not win]
+    return all((win.median or 0.0) / (o.median or 1e-12) - 1.0 > margin_between(win, o)
+               for o in others)
+
+
+def _rank(candidates: Sequence[Candidate], limit: int, headroom: float) -> Decision:
+    """The fastest eligible candidate beyond the margin over the runner-up, else the roomier of
+    the two."""
     budget = limit * (1.0 - headroom)
     excluded: dict[int, str] = {}
     eligible = []
@@ -382,7 +441,7 @@ def decide(candidates: Sequence[Candidate], limit: int, headroom: float = HEADRO
     if len(ranked) == 1:
         return Decision(ranked[0], None, NOISE_FLOOR, "median", excluded)
     first, second = ranked[0], ranked[1]
-    margin = max(NOISE_FLOOR, 2 * math.sqrt((first.spread ** 2 + second.spread ** 2) / 2))
+    margin = margin_between(first, second)
     lead = (first.median or 0.0) / (second.median or 1e-12) - 1.0
     if lead > margin:
         return Decision(first, second, margin, "median", excluded)

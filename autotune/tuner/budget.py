@@ -1,0 +1,235 @@
+"""How long a config's steps take, before it runs, and the measuring budget that follows.
+
+The **step-time model** sits beside the memory model (``search.MemoryModel``): seconds per
+optimizer step as a function of samples per step, fitted per precision and rank count from the
+study's own trials (``step = a + b x samples``: the optimizer step and per-step overheads, then
+the forward and backward per sample). Its error comes from the same trials: the largest
+leave-one-out miss once three or more distinct batch sizes ran, else an assumed ``ASSUMED_ERROR``,
+said so.
+
+It is used before a trial starts: a trial gets the measuring budget its warm-up and its windows
+need (more than ``--trial-seconds`` when its steps are long, within ``--trial-timeout`` and what is
+left of ``--timeout``), and a config whose steps cannot fit even that, by a fitted prediction
+that allows for its error, is recorded as predicted-too-slow without running (as predicted OOMs
+are). Pure functions over ``search.Observation``; the runner applies them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autotune.config.knobs import Config
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner.search import Observation, fit_affine
+
+ASSUMED_ERROR = 0.3  # the relative error assumed until three batch sizes of a line have run
+SPREAD_WINDOWS = 2  # the fewest windows that give a spread: below this a config is too slow
+# The longest measuring budget a trial gets, as a share of --trial-timeout: the rest is start-up
+# and the slack the trial's own too-slow check needs (the --trial-seconds rule's 2/3).
+MAX_BUDGET_SHARE = 2 / 3
+# A trial's start-up (imports, model build, FLOPs counting, process start and end) when no
+# trial has measured it yet: a third of the trial timeout, as the --trial-seconds rule leaves.
+STARTUP_SHARE = 1 / 3
+
+
+def speed_key(config: Config) -> tuple[Any, ...]:
+    """The knobs that change seconds per sample the most: precision and ranks. Everything else
+    (the micro-batch/accumulation split, the loader) is inside the model's error."""
+    return config.amp, config.world_size
+
+
+def _key_words(config: Config) -> str:
+    return f"amp {config.amp}, {config.world_size} rank(s)"
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """Predicted seconds per optimizer step, its relative error and what it rests on."""
+
+    step_s: float
+    error: float  # relative: the step is expected within step_s x (1 +- error)
+    basis: str  # one line: which trials, which fit, where the error came from
+    fitted: bool  # an affine fit on two or more batch sizes (else scaled from one trial)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": round(self.step_s, 4), "error": round(self.error, 4),
+                "basis": self.basis, "fitted": self.fitted}
+
+    @property
+    def short_basis(self) -> str:
+        """The basis without the fitted line: which trials, and where the error came from."""
+        return self.basis.split(", ", 1)[-1] if self.fitted else self.basis
+
+
+def step_seconds(o: Observation) -> float | None:
+    """Seconds per optimizer step an observation measured: ok and pruned trials (pruned ones
+    from their windows); None for anything else."""
+    if o.predicted or o.status not in ("ok", "pruned") or not o.samples_per_sec:
+        return None
+    return o.config.samples_per_step / o.samples_per_sec
+
+
+class StepTimeModel:
+    """Seconds per optimizer step per speed key, from the trials that measured one."""
+
+    def __init__(self, observations: Sequence[Observation]) -> None:
+        self._points: dict[tuple[Any, ...], list[tuple[int, float, int]]] = {}
+        for o in observations:
+            step = step_seconds(o)
+            if step is not None:
+                self._points.setdefault(speed_key(o.config), []).append(
+                    (o.config.samples_per_step, step, o.number))
+
+    def predict(self, config: Config) -> StepPrediction | None:
+        """The step time of ``config``; None before any trial measured a step. A precision or
+        rank count no trial ran yet is scaled from the others (never fitted: a budget, never
+        a reason not to run)."""
+        points = self._points.get(speed_key(config), [])
+        if not points:
+            others = [p for ps in self._points.values() for p in ps]
+            if not others:
+                return None
+            s0 = statistics.fmean(s for s, _, _ in others)
+            t0 = statistics.fmean(t for _, t, _ in others)
+            trials = ", ".join(str(n) for _, _, n in others)
+            return StepPrediction(
+                t0 * config.samples_per_step / s0, ASSUMED_ERROR,
+                f"scaled from trials {trials} (no trial with {_key_words(config)} yet); error "
+                f"{100 * ASSUMED_ERROR:.0f}% assumed", False)
+        samples = config.samples_per_step
+        sizes = {s for s, _, _ in points}
+        trials = ", ".join(str(n) for _, _, n in points)
+        if len(sizes) < 2:
+            # One batch size: steps scaled with the samples (compute-bound, which is where
+            # steps are long); only used to size a budget, never to rule a config out.
+            s0, t0 = statistics.fmean(s for s, _, _ in points), \
+                statistics.fmean(t for _, t, _ in points)
+            return StepPrediction(
+                t0 * samples / s0, ASSUMED_ERROR,
+                f"scaled from {s0:g} samples/step ({_fmt(t0)}; trial {trials}) with the same "
+                f"{_key_words(config)}; error {100 * ASSUMED_ERROR:.0f}% assumed", False)
+        fit = fit_affine([(s, t) for s, t, _ in points])
+        assert fit is not None
+        step = max(fit.at(samples), 1e-6)
+        error, source = _loo_error(points), "leave-one-out over those trials"
+        if error is None:
+            error, source = ASSUMED_ERROR, "assumed until three batch sizes have run"
+        return StepPrediction(
+            step, error,
+            f"step = {_fmt(fit.intercept)} + {_fmt(fit.slope)} x samples, fitted on trials "
+            f"{trials} with the same {_key_words(config)}; error {100 * error:.0f}% ({source})",
+            True)
+
+
+def _loo_error(points: list[tuple[int, float, int]]) -> float | None:
+    """The largest relative miss predicting each point from the others; None with fewer than
+    three distinct batch sizes (two points fit any line exactly)."""
+    if len({s for s, _, _ in points}) < 3:
+        return None
+    misses = []
+    for i, (s, t, _) in enumerate(points):
+        rest = [(x, y) for j, (x, y, _) in enumerate(points) if j != i]
+        fit = fit_affine(rest)
+        if fit is not None:
+            misses.append(abs(fit.at(s) - t) / t)
+    return max(misses, default=None)
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds:.3g}s"
+
+
+# -- the measuring budget -------------------------------------------------------------------------
+
+
+def measuring_seconds(step_s: float, settings: MeasureSettings,
+                      windows: int | None = None) -> float:
+    """Warm-up and ``windows`` timed windows (default ``min_windows``) for steps of
+    ``step_s``: the first step carries start-up costs (~1.6x a steady one here), so it rarely
+    agrees with the second and warm-up takes one step more than its minimum; a window is at
+    least ``min_window_s`` and at least one step."""
+    warm = (settings.warmup_min_steps + 1.6) * step_s
+    window = max(settings.min_window_s, step_s) + (step_s if step_s < settings.min_window_s
+                                                     else 0.0)
+    return warm + (settings.min_windows if windows is None else windows) * window
+
+
+def startup_seconds(observations_walls: Sequence[tuple[float, float]],
+                    trial_timeout_s: float) -> float:
+    """What a trial costs besides its measuring: the median over trials of wall time less
+    measuring time ((wall, measuring) pairs), with half again for safety; a third of the trial
+    timeout before any trial ran."""
+    costs = [w - m for w, m in observations_walls if w > 0 and w >= m]
+    if not costs:
+        return STARTUP_SHARE * trial_timeout_s
+    return 1.5 * statistics.median(costs) + 2.0
+
+
+@dataclass(frozen=True)
+class TrialBudget:
+    """What a trial gets: its measuring settings (``max_seconds`` raised when its steps need
+    it), the step-time prediction it rests on, and, when it must not run, why."""
+
+    settings: MeasureSettings
+    prediction: StepPrediction | None = None
+    too_slow: str | None = None  # the config cannot be measured within --trial-timeout
+    no_room: str | None = None  # it could be, but not in what is left of --timeout
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_seconds": round(self.settings.max_seconds, 2),
+                "prediction": self.prediction.to_dict() if self.prediction else None}
+
+
+def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, *,
+               trial_timeout_s: float, startup_s: float, left_s: float | None) -> TrialBudget:
+    """The budget for ``config``: the search's settings when its predicted steps fit them;
+    a longer measuring budget (warm-up and ``min_windows`` windows at the prediction's upper
+    end) when they need it, up to ``MAX_BUDGET_SHARE`` of the trial timeout; too slow when even
+    the prediction's lower end cannot fit warm-up and two windows there; no room when only
+    --timeout's rest is short."""
+    p = model.predict(config)
+    if p is None:
+        return TrialBudget(settings)
+    need = measuring_seconds(p.step_s * (1.0 + p.error), settings)
+    if need <= settings.max_seconds:
+        return TrialBudget(settings, p)
+    can = min(trial_timeout_s - startup_s, MAX_BUDGET_SHARE * trial_timeout_s)
+    least = measuring_seconds(p.step_s * (1.0 - p.error), settings, SPREAD_WINDOWS)
+    if least > can and not p.fitted:
+        # Scaled, not fitted: never a reason not to run. The trial gets all the trial timeout
+        # allows, and its own first steps judge (trial.bench.loop's TooSlow).
+        return TrialBudget(replace(settings, max_seconds=max(settings.max_seconds, can)), p)
+    if least > can:
+        return TrialBudget(settings, p, too_slow=(
+            f"predicted-too-slow: ~{_fmt(p.step_s)} per step (+-{100 * p.error:.0f}%) at "
+            f"{config.samples_per_step} samples/step; warm-up and {SPREAD_WINDOWS} windows "
+            f"need >= {_fmt(least)} and --trial-timeout allows {_fmt(max(can, 0.0))} "
+            f"({p.short_basis})"))
+    room = can if left_s is None else min(can, left_s - startup_s)
+    if least > room:
+        return TrialBudget(settings, p, no_room=(
+            f"the next config (~{_fmt(p.step_s)} per step) needs >= {_fmt(least + startup_s)} "
+            f"and {_fmt(max(left_s or 0.0, 0.0))} of --timeout are left"))
+    return TrialBudget(replace(settings, max_seconds=max(settings.max_seconds,
+                                                         min(need, room))), p)
+
+
+CONFIRM_WINDOWS = 2  # timed windows per confirmation round: the rounds give the spread
+
+
+def confirm_settings(settings: MeasureSettings, step_s: float | None) -> MeasureSettings:
+    """A confirmation round's settings for a config whose steps take ``step_s``: windows twice
+    the search's, and a measuring budget sized to warm-up and ``CONFIRM_WINDOWS`` windows (a
+    tenth more for drift) rather than the search's. The spread a decision needs comes from the
+    interleaved rounds, not from windows within one, so each round is as short as a fair
+    measurement of one config allows."""
+    longer = replace(settings.with_longer_windows(),
+                     min_windows=min(settings.min_windows, CONFIRM_WINDOWS))
+    if not step_s or not math.isfinite(step_s):
+        return longer
+    need = 1.1 * measuring_seconds(step_s, longer) + longer.min_window_s
+    return replace(longer, max_seconds=round(need, 2))

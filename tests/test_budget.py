@@ -1,0 +1,297 @@
+"""The step-time model, each trial's measuring budget, the cheaper confirmation and the
+diagnosis, on crafted studies: among them the trials of a default `autotune run --model bert` on
+a 2-core Zen 3 (fp32 only) that spent half its budget on configs that timed out, exported a
+one-window winner and called a compute-bound run memory-bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.knobs import Config
+from autotune.config.space import load_space, narrow
+from autotune.testing.hardware import fake_cpu
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner.budget import (
+    ASSUMED_ERROR,
+    StepTimeModel,
+    confirm_settings,
+    measuring_seconds,
+    plan_trial,
+    startup_seconds,
+)
+from autotune.tuner.confirm import candidates, costs, reserve
+from autotune.tuner.diagnosis import MemoryWall, diagnose
+from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
+from autotune.tuner.record import of_slow_prediction
+from autotune.tuner.results import larger_over_limit, observations
+from autotune.tuner.search import (
+    NO_WIN,
+    Candidate,
+    MemoryModel,
+    Observation,
+    decide,
+    settled,
+    staged_next,
+)
+
+GIB = 2**30
+SETTINGS = MeasureSettings()  # the defaults: 60 s of measuring, three windows of >= 1 s
+
+
+def ok(micro: int, rate: float, number: int, accum: int = 1, workers: int = 0) -> Observation:
+    return Observation(Config(micro_batch_size=micro, grad_accum_steps=accum,
+                              num_workers=workers), "ok", samples_per_sec=rate,
+                       peak_memory_bytes=int((3 + micro / 8) * GIB), spread_cv=0.01,
+                       number=number)
+
+
+# The Zen 3 run: 8 samples/step took 10.4 s, 16 took 19.7 s.
+ZEN3 = [ok(8, 8 / 10.4, 0), ok(16, 16 / 19.7, 1, workers=1)]
+
+
+def test_steps_are_fitted_on_samples_per_step_from_the_studys_trials() -> None:
+    p = StepTimeModel(ZEN3).predict(Config(micro_batch_size=32))
+    assert p is not None and p.fitted
+    # 10.4 s + (19.7 - 10.4) / 8 per extra sample: 38.3 s at 32.
+    assert p.step_s == pytest.approx(10.4 + 24 * (19.7 - 10.4) / 8)
+    # Two batch sizes fit any line: the error is assumed until a third has run, and says so.
+    assert p.error == ASSUMED_ERROR and "assumed until three batch sizes" in p.basis
+    assert "fitted on trials 0, 1" in p.basis
+    # Accumulation counts: 8 x 4 is 32 samples per step too.
+    acc = StepTimeModel(ZEN3).predict(Config(micro_batch_size=8, grad_accum_steps=4))
+    assert acc is not None and acc.step_s == pytest.approx(p.step_s)
+
+
+def test_the_error_is_the_largest_leave_one_out_miss() -> None:
+    # Steps of 1 + 0.5 x samples, except 16, measured 10% slow.
+    obs = [ok(4, 4 / 3.0, 0), ok(8, 8 / 5.0, 1), ok(16, 16 / (9.0 * 1.1), 2)]
+    p = StepTimeModel(obs).predict(Config(micro_batch_size=32))
+    assert p is not None and p.fitted and "leave-one-out" in p.basis
+    assert 0.05 < p.error < 0.5 and p.error != ASSUMED_ERROR
+
+
+def test_one_batch_size_or_another_precision_is_scaled_never_fitted() -> None:
+    one = StepTimeModel(ZEN3[:1])
+    p = one.predict(Config(micro_batch_size=16))
+    assert p is not None and not p.fitted and p.step_s == pytest.approx(20.8)
+    other = one.predict(Config(micro_batch_size=8, amp="bf16"))
+    assert other is not None and not other.fitted and "no trial with amp bf16" in other.basis
+    assert StepTimeModel([]).predict(Config()) is None
+
+
+def test_a_config_the_study_knows_is_too_slow_is_recorded_without_running() -> None:
+    model = StepTimeModel(ZEN3)
+    for config in (Config(micro_batch_size=32), Config(micro_batch_size=8, grad_accum_steps=4),
+                   Config(micro_batch_size=16, grad_accum_steps=2, num_workers=2),
+                   Config(micro_batch_size=64)):
+        plan = plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                          left_s=600.0)
+        assert plan.too_slow is not None, config
+        assert plan.too_slow.startswith("predicted-too-slow: ~")
+        assert "--trial-timeout allows 120s" in plan.too_slow and "fitted on trials" in \
+            plan.too_slow
+    # What the sampler and the search see of it: nothing ran, it does not fit, no memory.
+    rec = of_slow_prediction("predicted-too-slow: ...", 38.3, 32, 18 * GIB)
+    assert rec.state == TrialState.PRUNED and rec.constraint is None
+    assert rec.attrs["predicted"] and rec.attrs["predicted_kind"] == "too_slow"
+    assert rec.intermediate == (pytest.approx(32 / 38.3),)
+
+
+def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
+    # 16 samples predicted from the baseline alone: ~20.8 s a step. Warm-up and three windows
+    # need far more than the default 60 s: it gets them, within the trial timeout.
+    plan = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3[:1]), SETTINGS,
+                      trial_timeout_s=180.0, startup_s=15.0, left_s=600.0)
+    assert plan.too_slow is None and plan.no_room is None
+    need = measuring_seconds(20.8 * (1 + ASSUMED_ERROR), SETTINGS)
+    assert plan.settings.max_seconds == pytest.approx(min(need, 120.0))  # 2/3 of the timeout
+    assert plan.settings.max_seconds > SETTINGS.max_seconds
+    # Fast steps keep the search's settings.
+    fast = plan_trial(Config(micro_batch_size=16), StepTimeModel([ok(8, 80.0, 0)]), SETTINGS,
+                      trial_timeout_s=180.0, startup_s=15.0, left_s=600.0)
+    assert fast.settings == SETTINGS and fast.prediction is not None
+    # What is left of --timeout too short: not a verdict on the config, and not started.
+    short = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3), SETTINGS,
+                       trial_timeout_s=180.0, startup_s=15.0, left_s=60.0)
+    assert short.too_slow is None and short.no_room is not None
+    assert "of --timeout are left" in short.no_room
+
+
+def test_startup_is_measured_from_trials_with_a_safety_margin() -> None:
+    assert startup_seconds([], 180.0) == pytest.approx(60.0)
+    assert startup_seconds([(20.0, 12.0), (30.0, 20.0), (25.0, 16.0)], 180.0) == \
+        pytest.approx(1.5 * 9.0 + 2.0)
+
+
+def test_the_staged_start_stops_doubling_at_a_predicted_too_slow_batch() -> None:
+    hw = fake_cpu(bf16=False)
+    space = narrow(load_space("default"), hw, 1, Config())
+    model = StepTimeModel(ZEN3[:1] + [ok(16, 16 / 19.7, 1)])
+
+    def too_slow(c: Config) -> bool:
+        return plan_trial(c, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                          left_s=None).too_slow is not None
+
+    obs = ZEN3[:1] + [ok(16, 16 / 19.7, 1)]
+    memory = MemoryModel(obs, "cpu", 18 * GIB)
+    # Without the step-time model, the next doubling (32) would be started.
+    nxt = staged_next(space, Config(), obs, memory)
+    assert nxt is not None and nxt.config.micro_batch_size == 32
+    # With it, 32 and everything above count as not fitting: the staged start is done.
+    assert staged_next(space, Config(), obs, memory, too_slow=too_slow) is None
+
+
+def cand(number: int, rates: list[float], baseline: bool = False) -> Candidate:
+    return Candidate(number, Config(micro_batch_size=8 * (number + 1)), rates=rates,
+                     peaks=[GIB] * len(rates), is_baseline=baseline)
+
+
+def test_a_lead_within_the_noise_keeps_the_baseline() -> None:
+    base = cand(0, [0.77, 0.80, 0.78], baseline=True)
+    best = cand(1, [0.81, 0.79, 0.80])  # ~1.3% ahead, rounds spread ~1.5%
+    d = decide([best, base], 18 * GIB)
+    assert d.decided_by == NO_WIN and d.winner is base and d.runner_up is best
+    clear = cand(2, [1.03, 1.02, 1.04])
+    d = decide([clear, best, base], 18 * GIB)
+    assert d.winner is clear and d.decided_by == "median"
+
+
+def test_rounds_stop_as_soon_as_the_decision_is_clear_or_out_of_reach() -> None:
+    base = cand(0, [0.80, 0.81], baseline=True)
+    assert settled([cand(1, [1.00, 1.01]), base], 18 * GIB) is not None  # a clear win
+    # Even the best pairing (0.815 vs 0.80) is within the 2% floor: more rounds cannot help.
+    assert settled([cand(1, [0.812, 0.815]), base], 18 * GIB) is not None
+    # 4% ahead with a 3% spread: undecided, another round is worth it.
+    assert settled([cand(1, [0.86, 0.82]), base], 18 * GIB) is None
+    # One round is no spread.
+    assert settled([cand(1, [1.0]), cand(0, [0.8], baseline=True)], 18 * GIB) is None
+
+
+def _trial(number: int, attrs: dict[str, Any], state: TrialState = TrialState.COMPLETE,
+           value: float | None = 1.0) -> FrozenTrial:
+    t = optuna.trial.create_trial(state=state, value=value if state == TrialState.COMPLETE
+                                  else None, user_attrs=attrs)
+    t.number = number
+    return t
+
+
+def _ok_trial(number: int, micro: int, rate: float, wall: float, baseline: bool = False,
+              workers: int = 0) -> FrozenTrial:
+    return _trial(number, {
+        "config": Config(micro_batch_size=micro, num_workers=workers).to_dict(), "status": "ok",
+        "baseline": baseline, "measurement": {
+            "samples_per_sec": rate, "peak_memory_bytes": 5 * GIB, "wall_s": wall,
+            "windows": [{"samples": 8, "seconds": 8 / rate}] * 3,
+            "spread_cv": 0.01, "timings": {"warmup_s": 0.3 * wall, "measure_s": 0.5 * wall}}})
+
+
+def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
+    # Before any trial the baseline runs, whatever the budget; from the first trial on, the
+    # share is kept until the trials say what the plan costs.
+    assert reserve([], 18 * GIB, 3, 3, 720.0, SETTINGS) == 0.0
+    base_only = [_ok_trial(0, 8, 8.0, 30.0, baseline=True)]
+    assert reserve(base_only, 18 * GIB, 3, 3, 720.0, SETTINGS) == pytest.approx(
+        CONFIRM_SHARE * 720.0)
+    assert reserve(base_only, 18 * GIB, 0, 3, 720.0, SETTINGS) == 0.0  # --confirm-top 0
+    # Steps of ~1 s: once two configs ran, what the whole plan costs, well within the share.
+    fast = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 14.0, 30.0)]
+    cost = costs(fast, candidates(fast, 18 * GIB, 3), SETTINGS)
+    assert cost[0] == pytest.approx(0.2 * 30.0 + confirm_settings(SETTINGS, 1.0).max_seconds)
+    assert reserve(fast, 18 * GIB, 3, 3, 720.0, SETTINGS) == pytest.approx(
+        3 * (cost[0] + 2 + cost[1] + 2))
+    # Zen 3's steps (10 s and 20 s): the smallest plan, the best and the baseline twice,
+    # needs more than the share; it is kept when within CONFIRM_MAX_SHARE, else nothing is.
+    slow = [_ok_trial(0, 8, 8 / 10.4, 80.0, baseline=True), _ok_trial(1, 16, 16 / 19.7, 150.0)]
+    cost = costs(slow, candidates(slow, 18 * GIB, 3), SETTINGS)
+    need = 2 * (cost[0] + 2 + cost[1] + 2)
+    assert need > CONFIRM_SHARE * 720.0
+    kept = reserve(slow, 18 * GIB, 3, 3, 720.0, SETTINGS)
+    assert kept == (pytest.approx(need) if need <= CONFIRM_MAX_SHARE * 720.0 else 0.0)
+    # With a longer budget the whole plan (three rounds of the two) fits the share.
+    assert reserve(slow, 18 * GIB, 3, 3, 1800.0, SETTINGS) == pytest.approx(1.5 * need)
+
+
+def test_a_confirmation_round_is_sized_to_the_steps() -> None:
+    rounds = confirm_settings(SETTINGS, 19.7)
+    assert rounds.min_window_s == 2 * SETTINGS.min_window_s and rounds.min_windows == 2
+    assert rounds.max_seconds == pytest.approx(
+        1.1 * measuring_seconds(19.7, rounds) + rounds.min_window_s, abs=0.01)
+    assert confirm_settings(SETTINGS, 0.05).max_seconds < 15.0  # fast steps: a short round
+
+
+def test_the_zen3_runs_diagnosis_is_compute_bound_and_names_the_prediction() -> None:
+    """The run's winner (16 x 1, one worker, 63% MFU, no data wait, 5.03 GiB of 18.33) with
+    trial 4 (micro-batch 128) ruled out by the memory model and 32 and 64 timed out."""
+    limit = int(18.33 * GIB)
+    trials = [
+        _ok_trial(0, 8, 0.77, 70.0, baseline=True), _ok_trial(1, 16, 0.81, 150.0, workers=1),
+        _trial(2, {"config": Config(micro_batch_size=32).to_dict(), "status": "timeout",
+                   "measurement": {"peak_memory_bytes": 0}}, TrialState.PRUNED),
+        _trial(3, {"config": Config(micro_batch_size=64).to_dict(), "status": "timeout",
+                   "measurement": {"peak_memory_bytes": 0}}, TrialState.PRUNED),
+        _trial(4, {"config": Config(micro_batch_size=128).to_dict(), "status": "pruned",
+                   "predicted": True, "predicted_kind": "oom",
+                   "measurement": {"peak_memory_bytes": 0,
+                                   "predicted_peak_memory_bytes": 25 * GIB}}, TrialState.PRUNED),
+    ]
+    winner = Config(micro_batch_size=16, num_workers=1)
+    wall = larger_over_limit(trials, winner, limit)
+    assert wall == MemoryWall(4, 128, measured=False)
+    m = {"breakdown": {"data_wait": 0.0, "compute": 1.0}, "peak_memory_bytes": int(5.03 * GIB),
+         "mfu": 0.63, "peak_tflops": 0.35}
+    (finding,) = diagnose(m, winner, device="cpu", limit=limit, larger_over_limit=wall)
+    assert finding.kind == "compute-bound"
+    assert "MFU 63%" in finding.text and "data wait 0%" in finding.text
+    assert "micro-batch 128 is predicted to pass it (trial 4, not run)" in finding.text
+    assert "(test: grad_accum_steps 2 with micro-batch 16)" in finding.text
+    # The timeouts say nothing about memory; the study's observations keep them as not fitting.
+    assert [o.fits for o in observations(trials)] == [True, True, False, False, False]
+
+
+def _study(trials: list[FrozenTrial], confirmation: dict[str, Any] | None) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("fingerprint", {"device": "cpu"})
+    study.set_user_attr("workload", {"spec": "bert", "params": {}})
+    if confirmation is not None:
+        study.set_user_attr("confirmation", confirmation)
+    for t in trials:
+        study.add_trial(t)
+    return study
+
+
+def test_no_win_beyond_noise_exports_the_baselines_settings_at_speedup_one(
+        tmp_path: Any) -> None:
+    from autotune.tuner.confirm import export
+
+    trials = [_ok_trial(0, 8, 0.77, 70.0, baseline=True), _ok_trial(1, 16, 0.81, 150.0)]
+    base, best = cand(0, [0.78, 0.80], baseline=True), cand(1, [0.80, 0.81])
+    d = decide([best, base], 18 * GIB)
+    assert d.decided_by == NO_WIN
+    conf = {"measured_trials": 2, "rounds": 2, "measure": {}, "decision": d.to_dict(),
+            "candidates": [best.to_dict(), base.to_dict()]}
+    profile = export(_study(trials, conf), 18 * GIB, "sqlite://", None, tmp_path / "p.yaml")
+    assert profile is not None and profile.speedup == 1.0
+    assert profile.config == Config(micro_batch_size=8)
+    assert any(n.startswith("no config beat the baseline by more than the measured noise")
+               for n in profile.notes)
+
+
+def test_a_single_window_figure_is_never_the_exported_speedup(tmp_path: Any) -> None:
+    from autotune.tuner.confirm import export
+
+    one_window = _ok_trial(1, 16, 0.81, 150.0)
+    one_window.user_attrs["measurement"]["spread_cv"] = None
+    trials = [_ok_trial(0, 8, 0.77, 70.0, baseline=True), one_window]
+    profile = export(_study(trials, None), 18 * GIB, "sqlite://", None, tmp_path / "p.yaml")
+    assert profile is not None and profile.config == Config(micro_batch_size=16)
+    assert profile.speedup is None
+    assert any("from a single timed window" in n for n in profile.notes)
+    # With a spread on both sides the trials' own ratio stands, marked as not confirmed.
+    trials = [_ok_trial(0, 8, 0.77, 70.0, baseline=True), _ok_trial(1, 16, 0.81, 150.0)]
+    profile = export(_study(trials, None), 18 * GIB, "sqlite://", None, tmp_path / "q.yaml")
+    assert profile is not None and profile.speedup == pytest.approx(0.81 / 0.77, abs=1e-3)
+    assert any(n.startswith("not confirmed") for n in profile.notes)
