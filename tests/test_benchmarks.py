@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -44,3 +47,18 @@ def test_slow_replay_charges_time_and_reports_every_strategy() -> None:
         for minutes in (4, 8, 12):
             assert 0.0 <= s[f"regret_at_{minutes}m"] <= 1.0, (name, minutes)
         assert s["minutes_measuring_nothing"] >= 0.0 and s["evaluations"] >= 1
+
+
+@pytest.mark.slow  # real trial processes
+def test_winner_vs_baseline_runs_both_interleaved_and_reports_the_ratio(tuned_mlp: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "winner_vs_baseline.py"), str(tuned_mlp),
+         "--rounds", "2", "--trial-seconds", "2", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    rates = doc["samples_per_sec"]
+    assert len(rates["baseline"]) == len(rates["profile"]) == 2
+    assert doc["ratios"] == [round(w / b, 4) for w, b in zip(rates["profile"],
+                                                            rates["baseline"], strict=True)]
+    assert doc["ratio_spread_cv"] is not None and doc["median_ratio"] > 0

@@ -27,7 +27,7 @@ from autotune.tuner.confirm import candidates, costs, reserve
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
 from autotune.tuner.record import of_slow_prediction
-from autotune.tuner.results import larger_over_limit, observations
+from autotune.tuner.results import larger_over_limit, observations, tried
 from autotune.tuner.search import (
     NO_WIN,
     Candidate,
@@ -295,3 +295,23 @@ def test_a_single_window_figure_is_never_the_exported_speedup(tmp_path: Any) -> 
     profile = export(_study(trials, None), 18 * GIB, "sqlite://", None, tmp_path / "q.yaml")
     assert profile is not None and profile.speedup == pytest.approx(0.81 / 0.77, abs=1e-3)
     assert any(n.startswith("not confirmed") for n in profile.notes)
+
+
+def test_a_suggested_test_the_study_already_ran_says_what_it_measured() -> None:
+    """The default run on a 2-core Xeon (AMX): 32 x 1 bf16 won at 16% MFU; the low-MFU finding
+    suggests micro-batch 64, which the study measured (trial 4, slower)."""
+    trials = [_ok_trial(3, 32, 5.01, 90.0), _ok_trial(4, 64, 4.48, 120.0)]
+    for t in trials:
+        t.user_attrs["config"] = Config(micro_batch_size=t.user_attrs["config"][
+            "micro_batch_size"], amp="bf16").to_dict()
+    m = {"breakdown": {"data_wait": 0.0}, "peak_memory_bytes": 7 * GIB, "mfu": 0.16,
+         "peak_tflops": 2.77, "samples_per_sec": 5.01}
+    (low,) = diagnose(m, Config(micro_batch_size=32, amp="bf16"), device="cpu", limit=18 * GIB,
+                      tried=tried(trials))
+    assert low.kind == "low-mfu"
+    assert low.evidence["test"] == ("test: micro-batch 64 with the rest unchanged; measured "
+                                    "already, trial 4: 4.48 samples/s, 0.89x this config")
+    # Not measured: only the suggestion.
+    (fresh,) = diagnose(m, Config(micro_batch_size=32, amp="bf16"), device="cpu",
+                        limit=18 * GIB, tried={})
+    assert fresh.evidence["test"] == "test: micro-batch 64 with the rest unchanged"

@@ -9,6 +9,8 @@ fp16 under autocast, else fp32), times the GPUs a trial uses (ranks on one CPU s
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -74,26 +76,29 @@ def _dtype(config: Config) -> str:
 
 def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit: int,
              probe: dict[str, Any] | None = None,
-             larger_over_limit: MemoryWall | None = None) -> list[Finding]:
+             larger_over_limit: MemoryWall | None = None,
+             tried: Tried | None = None) -> list[Finding]:
     """What limits ``config``, from its stored measurement (``Measurement.to_dict()``), the
     memory limit, the probe's summary and, when the study has one, the smallest larger
     micro-batch that passed the limit. Never empty: when nothing else holds it back, the
     config is compute-bound. Only measurements make a finding: a memory wall the memory model
     predicted is named as a prediction and is not, alone, memory-bound. Each finding says what
-    would test it."""
+    would test it, and ``tried`` (the study's measured configs) says when that test already ran
+    and what it measured."""
     m, c, probe = measurement, config, probe or {}
+    test = _Tests(c, m.get("samples_per_sec"), tried)
     shares = m.get("breakdown") or {}
     data, comm = shares.get("data_wait", 0.0), shares.get("comm_wait", 0.0)
     peak_mem = int(m.get("peak_memory_bytes") or 0)
     used = peak_mem / limit if limit else 0.0
     found = [f for f in (
-        _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean")),
-        _communication_bound(comm, c, probe),
+        _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean"), test),
+        _communication_bound(comm, c, probe, test),
         _memory_bound(peak_mem, used, limit, larger_over_limit)) if f is not None]
     wall = larger_over_limit
     found += _probe_flags(probe, device)
     low, evidence = _efficiency(m.get("mfu"), m.get("peak_tflops"), c, device, probe,
-                                bool(found))
+                                bool(found), test)
     if low is not None:
         found.append(low)
     if not found:
@@ -101,25 +106,52 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
         what = (f"MFU {100 * share:.0f}% of the measured {_dtype(c)} peak" if share is not None
                 else "no MFU (no FLOPs figure or no probe)")
         predicted = f"; {wall.words()}" if wall is not None and not wall.measured else ""
-        test = _accumulation_test(c)
+        accumulate = test.accumulation()
         found.append(Finding("compute-bound", (
             f"compute-bound: {what}; data wait {100 * data:.0f}%, communication "
             f"{100 * comm:.0f}%, memory {100 * used:.0f}% of the limit{predicted}: the math is "
-            f"the limit; a larger effective batch amortises the optimizer step ({test}), and "
+            f"the limit; a larger effective batch amortises the optimizer step ({accumulate}), and "
             "beyond that the gains are in the model (fused kernels, torch.compile)"),
             {**evidence, "data_wait_share": round(data, 4), "comm_wait_share": round(comm, 4),
-             "memory_share": round(used, 4), "test": test,
+             "memory_share": round(used, 4), "test": accumulate,
              "predicted_over_limit": None if wall is None or wall.measured
              else {"trial": wall.trial, "micro_batch": wall.micro_batch}}))
     return found
 
 
-def _accumulation_test(c: Config) -> str:
-    return (f"test: grad_accum_steps {2 * c.grad_accum_steps} with micro-batch "
-            f"{c.micro_batch_size}")
+# What the study measured, by config: Config.to_dict() as sorted JSON -> {"trial", "status",
+# "samples_per_sec"} (results.tried builds it).
+Tried = Mapping[str, Mapping[str, Any]]
 
 
-def _input_bound(data: float, c: Config, device: str, util: float | None) -> Finding | None:
+def config_key(config: Config) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+class _Tests:
+    """The config change that would test a finding, and what the study already measured of
+    it: a diagnosis must not suggest a test the study ran, as if it had not."""
+
+    def __init__(self, config: Config, rate: float | None, tried: Tried | None) -> None:
+        self.config, self.rate, self.tried = config, rate, tried or {}
+
+    def change(self, words: str, **knobs: Any) -> str:
+        seen = self.tried.get(config_key(replace(self.config, **knobs)))
+        if seen is None:
+            return f"test: {words}"
+        got = seen.get("samples_per_sec")
+        what = seen.get("status", "?") if not got else f"{got:.4g} samples/s" + (
+            f", {got / self.rate:.2f}x this config" if self.rate else "")
+        return f"test: {words}; measured already, trial {seen.get('trial')}: {what}"
+
+    def accumulation(self) -> str:
+        c = self.config
+        return self.change(f"grad_accum_steps {2 * c.grad_accum_steps} with micro-batch "
+                           f"{c.micro_batch_size}", grad_accum_steps=2 * c.grad_accum_steps)
+
+
+def _input_bound(data: float, c: Config, device: str, util: float | None,
+                 tests: _Tests) -> Finding | None:
     if data < INPUT_BOUND:
         return None
     if c.num_workers == 0:
@@ -129,7 +161,9 @@ def _input_bound(data: float, c: Config, device: str, util: float | None) -> Fin
     if device == "cuda" and not c.pin_memory:
         advice += "; pin_memory makes the host-to-device copy asynchronous"
     seen = f"; GPU utilisation averaged {util:.0f}%" if util is not None else ""
-    test = f"test: num_workers {max(2, 2 * c.num_workers)} with the rest unchanged"
+    workers = max(2, 2 * c.num_workers)
+    test = tests.change(f"num_workers {workers} with the rest unchanged", num_workers=workers,
+                        prefetch_factor=c.prefetch_factor or 2)
     return Finding("input-bound", (
         f"input-bound: the step waits for data {100 * data:.0f}% of its time (num_workers "
         f"{c.num_workers}, pin_memory {'on' if c.pin_memory else 'off'}, prefetch_factor "
@@ -139,12 +173,13 @@ def _input_bound(data: float, c: Config, device: str, util: float | None) -> Fin
          "gpu_util_mean": util, "test": test})
 
 
-def _communication_bound(comm: float, c: Config, probe: dict[str, Any]) -> Finding | None:
+def _communication_bound(comm: float, c: Config, probe: dict[str, Any],
+                         tests: _Tests) -> Finding | None:
     if comm < COMM_BOUND:
         return None
     busbw = probe.get("allreduce_busbw_gbs")
     measured = f"; the probe measured {busbw:g} GB/s all-reduce bus bandwidth" if busbw else ""
-    test = _accumulation_test(c)
+    test = tests.accumulation()
     return Finding("communication-bound", (
         f"communication-bound: the step waits {100 * comm:.0f}% of its time for the gradient "
         f"all-reduce ({c.world_size} ranks, {c.ddp_bucket_cap_mb} MB buckets){measured}: "
@@ -189,7 +224,8 @@ def _probe_flags(probe: dict[str, Any], device: str) -> list[Finding]:
 
 
 def _efficiency(share: float | None, peak: float | None, c: Config, device: str,
-                probe: dict[str, Any], explained: bool) -> tuple[Finding | None, dict[str, Any]]:
+                probe: dict[str, Any], explained: bool,
+                tests: _Tests) -> tuple[Finding | None, dict[str, Any]]:
     """A low-MFU finding (None when MFU is unknown or not low) and the MFU evidence."""
     if share is None or not peak:
         return None, {"mfu": None}
@@ -204,7 +240,8 @@ def _efficiency(share: float | None, peak: float | None, c: Config, device: str,
            "elementwise and normalisation kernels, the optimizer step, launch overheads)")
     if c.amp == "off" and probe.get("peak_tflops", {}).get("bf16", 0) > peak:
         why += "; this config computes in fp32"
-    test = f"test: micro-batch {2 * c.micro_batch_size} with the rest unchanged"
+    test = tests.change(f"micro-batch {2 * c.micro_batch_size} with the rest unchanged",
+                        micro_batch_size=2 * c.micro_batch_size)
     return Finding("low-mfu", (
         f"low MFU: {100 * share:.0f}% of the measured {_dtype(c)} peak ({achieved:.3g} "
         f"of {peak * ranks:.3g} TFLOP/s): {why} ({test})"), {**evidence, "test": test}), \

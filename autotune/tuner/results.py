@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import Config, env_for
 from autotune.machine.probe import peak_for
 from autotune.profile import Profile
-from autotune.tuner.diagnosis import MemoryWall, diagnose, mfu
+from autotune.tuner.diagnosis import MemoryWall, config_key, diagnose, mfu
 from autotune.tuner.search import NO_WIN, Observation
 
 
@@ -193,7 +193,8 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
                     baseline.user_attrs["measurement"], device, probe)
     findings = diagnose({**m, "mfu": result.get("mfu"), "peak_tflops": result.get("peak_tflops")},
                         config, device=device, limit=limit, probe=probe,
-                        larger_over_limit=larger_over_limit(trials, config, limit))
+                        larger_over_limit=larger_over_limit(trials, config, limit),
+                        tried=tried(trials))
     return Profile(
         workload=dict(study.user_attrs["workload"]),
         config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,
@@ -298,6 +299,19 @@ def _efficiency(block: dict[str, Any], config: Config, m: dict[str, Any], device
     block.update(flops_per_sample=fps, flops_source=m.get("flops_source"),
                  tflops=round(rate * fps / 1e12, 4) if rate and fps else None,
                  mfu=None if share is None else round(share, 4), peak_tflops=peak)
+
+
+def tried(trials: list[FrozenTrial]) -> dict[str, dict[str, Any]]:
+    """What the study measured, by config (``diagnosis.config_key``): the trial, its outcome
+    and samples/sec; ruled-out configs did not run and are not here."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in measured(trials):
+        a = t.user_attrs
+        rate = (a.get("measurement") or {}).get("samples_per_sec") if a.get("status") == "ok" \
+            else None
+        out.setdefault(config_key(Config.from_dict(a["config"])), {
+            "trial": t.number, "status": a.get("status"), "samples_per_sec": rate})
+    return out
 
 
 def larger_over_limit(trials: list[FrozenTrial], config: Config,
