@@ -110,6 +110,8 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
     need = measuring_seconds(20.8 * (1 + ASSUMED_ERROR), SETTINGS)
     assert plan.settings.max_seconds == pytest.approx(min(need, 120.0))  # 2/3 of the timeout
     assert plan.settings.max_seconds > SETTINGS.max_seconds
+    # Sized for three windows, it stops at three.
+    assert plan.settings.max_windows == SETTINGS.min_windows == 3
     # Fast steps keep the search's settings.
     fast = plan_trial(Config(micro_batch_size=16), StepTimeModel([ok(8, 80.0, 0)]), SETTINGS,
                       trial_timeout_s=180.0, startup_s=15.0, left_s=600.0)

@@ -171,8 +171,9 @@ def startup_seconds(observations_walls: Sequence[tuple[float, float]],
 
 @dataclass(frozen=True)
 class TrialBudget:
-    """What a trial gets: its measuring settings (``max_seconds`` raised when its steps need
-    it), the step-time prediction it rests on, and, when it must not run, why."""
+    """What a trial gets: its measuring settings (``max_seconds`` raised and ``max_windows``
+    cut to ``min_windows`` when its steps need it), the step-time prediction it rests on, and,
+    when it must not run, why."""
 
     settings: MeasureSettings
     prediction: StepPrediction | None = None
@@ -202,7 +203,7 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
     if least > can and not p.fitted:
         # Scaled, not fitted: never a reason not to run. The trial gets all the trial timeout
         # allows, and its own first steps judge (trial.bench.loop's TooSlow).
-        return TrialBudget(replace(settings, max_seconds=max(settings.max_seconds, can)), p)
+        return TrialBudget(_longer(settings, can), p)
     if least > can:
         return TrialBudget(settings, p, too_slow=(
             f"predicted-too-slow: ~{_fmt(p.step_s)} per step (+-{100 * p.error:.0f}%) at "
@@ -214,8 +215,15 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
         return TrialBudget(settings, p, no_room=(
             f"the next config (~{_fmt(p.step_s)} per step) needs >= {_fmt(least + startup_s)} "
             f"and {_fmt(max(left_s or 0.0, 0.0))} of --timeout are left"))
-    return TrialBudget(replace(settings, max_seconds=max(settings.max_seconds,
-                                                         min(need, room))), p)
+    return TrialBudget(_longer(settings, min(need, room)), p)
+
+
+def _longer(settings: MeasureSettings, seconds: float) -> MeasureSettings:
+    """A measuring budget of ``seconds`` for long steps, sized for ``min_windows`` windows: the
+    trial stops there (``max_windows``) instead of spending the rest of a long budget on more
+    windows of a noisy config."""
+    return replace(settings, max_seconds=max(settings.max_seconds, seconds),
+                   max_windows=settings.min_windows)
 
 
 CONFIRM_WINDOWS = 2  # timed windows per confirmation round: the rounds give the spread

@@ -226,9 +226,10 @@ def _result_block(best: FrozenTrial, config: Config, trials: list[FrozenTrial],
     measure = dict(source.user_attrs.get("measure_settings") or {})
     # A measuring budget its steps needed ("remeasured": studies of autotune 0.x before the
     # step-time model, which measured a too-slow config again with a longer budget).
-    for longer in ("budget", "remeasured"):
-        if source.user_attrs.get(longer):
-            measure["max_seconds"] = source.user_attrs[longer]["max_seconds"]
+    if source.user_attrs.get("budget"):
+        measure.update(source.user_attrs["budget"])
+    elif source.user_attrs.get("remeasured"):
+        measure["max_seconds"] = source.user_attrs["remeasured"]["max_seconds"]
     result["measure"] = measure
     if m.get("ranks"):
         result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}

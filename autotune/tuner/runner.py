@@ -336,8 +336,10 @@ class Runner:
         # The search's settings identify how it was measured (twins match on them); a longer
         # budget is kept beside them.
         trial.set_user_attr("measure_settings", self.opts.measure.to_dict())
-        if settings.max_seconds != self.opts.measure.max_seconds:
-            trial.set_user_attr("budget", {"max_seconds": settings.max_seconds})
+        if settings != self.opts.measure:
+            trial.set_user_attr("budget", {
+                k: v for k, v in settings.to_dict().items()
+                if v != self.opts.measure.to_dict()[k]})
         best = self._best_view() if self.opts.prune and not is_baseline else None
         m = self.measure_config(config, self._workdir(trial), timeout, settings,
                                 best.samples_per_sec if best else None)
