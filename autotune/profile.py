@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autotune.config.knobs import Config
+from autotune.config.knobs import TUNED_ENV, Config
 from autotune.errors import ProfileError
 from autotune.trial.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
 
@@ -131,6 +131,7 @@ class Profile:
         """
         import torch.distributed as dist
 
+        self.check_env()
         if dist.is_available() and dist.is_initialized():
             raise ProfileError("apply_env() called after the process group started: NCCL reads "
                                "its environment at init; call it before init_process_group, or "
@@ -143,6 +144,20 @@ class Profile:
                               f"{key}={value}", stacklevel=2)
             environ[key] = value
         return dict(self.env)
+
+    def foreign_env(self) -> list[str]:
+        """Names in the profile's ``env`` that autotune does not tune (``TUNED_ENV``)."""
+        return [k for k in self.env if k not in TUNED_ENV]
+
+    def check_env(self) -> None:
+        """Refuse a profile whose env holds anything autotune does not tune: a profile is data,
+        and LD_PRELOAD, PYTHONPATH, BASH_ENV or PATH set from one would run foreign code."""
+        foreign = self.foreign_env()
+        if foreign:
+            names = ", ".join(repr(k) for k in foreign)
+            raise ProfileError(f"the profile's env sets {names}: autotune applies only the "
+                               f"variables it tunes ({', '.join(TUNED_ENV)}); remove the others "
+                               "from the profile's env")
 
     # -- integrations ---------------------------------------------------------------------------
 
@@ -227,8 +242,13 @@ class Profile:
                          f"measured peak {r['peak_tflops']:g} TFLOP/s per device; "
                          f"{r['flops_per_sample']:.3g} FLOPs/sample ({r.get('flops_source')})")
         lines += [f"limit      {d.get('text')}" for d in self.diagnosis]
-        lines.append("env        " + (" ".join(f"{k}={v}" for k, v in self.env.items())
-                                      or "(none)"))
+        lines.append("env        " + (" ".join(f"{k}={v}" for k, v in self.env.items()
+                                               if k in TUNED_ENV) or "(none)"))
+        if self.foreign_env():
+            lines.append("env        NOT APPLIED (autotune tunes only "
+                         f"{', '.join(TUNED_ENV)}; apply_env and launch refuse this profile): "
+                         + " ".join(repr(f"{k}={v}") for k, v in self.env.items()
+                                    if k not in TUNED_ENV))
         lines.append(f"tuned on   {where}, torch {fp.get('torch_version')}, "
                      f"{self.provenance.get('created')}, study {self.provenance.get('study')}")
         lines += [f"note       {n}" for n in self.notes]
@@ -389,7 +409,9 @@ def profile_diff(a: Profile, b: Profile) -> list[str]:
 def launch_env(profile: Profile, path: str | Path,
                base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment `autotune launch` runs a command in: ``base`` (default: this one), the
-    profile's variables and ``AUTOTUNE_PROFILE`` (its absolute path) for ``load_profile``."""
+    profile's variables and ``AUTOTUNE_PROFILE`` (its absolute path) for ``load_profile``.
+    Refuses a profile whose env holds a variable autotune does not tune."""
+    profile.check_env()
     env = dict(os.environ if base is None else base)
     env.update(profile.env)
     env[PROFILE_ENV] = str(Path(path).resolve())

@@ -261,6 +261,12 @@ KNOBS: dict[str, Knob] = {
 }
 
 
+# Every environment variable env_for can set: the only ones a profile's ``env`` may carry into
+# a process (``Profile.apply_env``, ``autotune launch``, ``autotune profile env``). A profile is
+# data; anything else in its env (LD_PRELOAD, PYTHONPATH, BASH_ENV, PATH...) could run code.
+TUNED_ENV = ("NCCL_ALGO", "NCCL_PROTO")
+
+
 def env_for(config: Config) -> dict[str, str]:
     """The environment variables a config sets in the trial (and later in training) processes.
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import os
+import re
 import threading
 import time
 import warnings
@@ -43,11 +45,26 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def redact(url: str) -> str:
-    """A storage URL without its password, for printing and for the profile."""
+    """A storage URL without its password (``user:password@`` or ``?password=``), for printing
+    and for the profile."""
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
         creds, host = rest.rsplit("@", 1)
         return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url
+
+
+def with_driver(url: str) -> str:
+    """A PostgreSQL URL with the driver that is installed. SQLAlchemy 2.1 reads
+    ``postgresql://`` as psycopg 3, while the ``postgres`` extra installs psycopg2; and
+    ``postgres://`` (Heroku's and libpq's form) names no SQLAlchemy dialect at all. A URL that
+    names its driver (``postgresql+psycopg2://``) is kept."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            driver = "postgresql+psycopg2://" if importlib.util.find_spec("psycopg") is None \
+                and importlib.util.find_spec("psycopg2") is not None else "postgresql://"
+            return driver + url[len(plain):]
     return url
 
 
@@ -75,7 +92,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                    with_driver(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
         except Exception as exc:  # sqlalchemy's ArgumentError, OperationalError, ...
             error = exc
@@ -141,7 +158,7 @@ def _engine(url: str) -> Any:
     import sqlalchemy
 
     if url not in _ENGINES:
-        _ENGINES[url] = sqlalchemy.create_engine(url, pool_size=1, max_overflow=1,
+        _ENGINES[url] = sqlalchemy.create_engine(with_driver(url), pool_size=1, max_overflow=1,
                                                  pool_pre_ping=True)
     return _ENGINES[url]
 
