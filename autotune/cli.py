@@ -266,20 +266,25 @@ def dashboard(
     live: Annotated[bool, typer.Option(
         help="Serve optuna-dashboard on the storage (127.0.0.1) until Ctrl-C instead")] = False,
     port: Annotated[int, typer.Option(help="Port for --live (0: a free one)")] = 0,
+    writable: Annotated[bool, typer.Option(
+        help="Let --live edit and delete studies (read-only by default)")] = False,
     png: Annotated[bool, typer.Option(
         help="Also write each panel as a PNG (needs kaleido and a Chromium)")] = False,
     debug: Debug = False,
 ) -> None:
     """Write a study's dashboard: one self-contained HTML file that works offline."""
+    from autotune.paths import study_folder
     from autotune.report import load_for_dashboard, serve_live, write_dashboard, write_pngs
 
     if live:
-        serve_live(storage, port, lambda url: typer.echo(f"live dashboard: {url} "
-                                                         "(Ctrl-C stops it)"))
+        serve_live(storage, port, lambda url: typer.echo(
+            f"live dashboard: {url} ({'writable' if writable else 'read-only'}; Ctrl-C stops "
+            "it)"), writable=writable)
         typer.echo("live dashboard stopped")
         return
     chosen, why = load_for_dashboard(storage, study)
-    path = write_dashboard(chosen, out or Path("studies") / chosen.study_name / "dashboard.html")
+    path = write_dashboard(chosen, out or study_folder(Path("studies"), chosen.study_name)
+                           / "dashboard.html")
     typer.echo(f"dashboard for study {chosen.study_name}{why}: {path}")
     if png:
         images = write_pngs(chosen, path.parent / "panels")
@@ -377,15 +382,19 @@ def profile_check(
         help="Fail below this ratio of the recorded samples/sec")] = 0.9,
     trial_timeout: Annotated[str, typer.Option(
         help="Hard limit per round (process start to exit)")] = "600s",
+    allow_workload: Annotated[str | None, typer.Option(
+        help="Run the profile's workload although it is not built in (its spec, exactly as "
+             "the profile names it): checking imports and runs that code")] = None,
     debug: Debug = False,
 ) -> None:
     """Measure the profile's config again on this machine; exit 1 if it is slower than
     --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
     from autotune.machine.hardware import detect
-    from autotune.tuner.check import check_profile, measure_settings
+    from autotune.tuner.check import check_profile, check_workload, measure_settings
     from autotune.units import format_bytes
 
     profile = _load(path)
+    check_workload(profile, allow_workload)  # before anything is printed or run
     hw = detect()
     budget = measure_settings(profile).max_seconds  # a bad result.measure: one line, exit 2
     typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
@@ -399,6 +408,7 @@ def profile_check(
 
     _sigterm_as_interrupt()
     result = check_profile(profile, rounds=rounds, threshold=threshold, hw=hw,
+                           allow_workload=allow_workload,
                            trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout")
                            or 600.0, on_round=on_round)
     recorded_peak = profile.result.get("peak_memory_bytes")

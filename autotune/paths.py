@@ -3,6 +3,7 @@ folder a child process must find the package in."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -26,3 +27,19 @@ def import_root() -> Path:
     """The folder that holds the ``autotune`` package: put on a child process's PYTHONPATH, it
     imports autotune from wherever this process did (a source checkout or an installed one)."""
     return _PACKAGE.parent
+
+
+_STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def study_folder(studies_dir: Path, name: str) -> Path:
+    """``studies_dir / name``, for a study name that stays a folder name there. A name from the
+    command line, or one stored in a shared database, with ``/``, ``..`` or an absolute path
+    would put outputs anywhere: refused in one line (the error is a UsageError)."""
+    from autotune.errors import UsageError
+
+    if not _STUDY_NAME.fullmatch(name) or len(name) > 200:
+        raise UsageError(f"study name {name!r} cannot name a folder under {studies_dir}: use "
+                         "letters, digits, '.', '_' and '-' (up to 200, not starting with '.'), "
+                         "or pass --out DIR")
+    return studies_dir / name

@@ -343,6 +343,28 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
                    diagnosis=[d for d in data.get("diagnosis") or [] if isinstance(d, dict)])
 
 
+# A profile autotune writes is a few KB and a few hundred values; these bounds refuse a file
+# that is not one before anything prints or walks it (a 637-byte YAML of nested aliases expands
+# to 100+ MB).
+MAX_PROFILE_BYTES = 4 * 2**20
+MAX_PROFILE_NODES = 200_000
+
+
+def _expanded_size(data: Any, cap: int) -> int:
+    """Values in ``data`` counted as printing would visit them (an alias's target as often as
+    it is referenced), stopping just past ``cap``."""
+    count, stack = 0, [data]
+    while stack and count <= cap:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
 def load_profile(path: str | Path | None = None, check_fingerprint: bool = True) -> Profile:
     """Load a profile safely. Warns (FingerprintWarning) when tuned on other hardware.
 
@@ -355,6 +377,9 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
                                "path, or start the script with `autotune launch PROFILE -- CMD`")
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_PROFILE_BYTES:
+            raise ProfileError(f"profile {path} is {path.stat().st_size} bytes, more than a "
+                               f"profile's {MAX_PROFILE_BYTES}: it is not a profile")
         text = path.read_text()
     except OSError as exc:
         raise ProfileError(f"cannot read profile {path}: {exc.strerror}") from None
@@ -370,6 +395,9 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
                                "are plain data and such tags are never loaded") from None
         raise ProfileError(f"profile {path} is not valid YAML ({what}); the file is damaged: "
                            "re-export it") from None
+    if _expanded_size(data, MAX_PROFILE_NODES) > MAX_PROFILE_NODES:
+        raise ProfileError(f"profile {path} expands to more than {MAX_PROFILE_NODES} values "
+                           "(YAML aliases repeating aliases): it is not a profile autotune wrote")
     profile = from_dict(data, str(path))
     if check_fingerprint:
         from autotune.machine.hardware import detect

@@ -131,15 +131,53 @@ def load_for_dashboard(storage_url: str, study_name: str | None) -> tuple[optuna
     return choose_study(storage_url, study_name)
 
 
-def serve_live(storage_url: str, port: int, on_ready: Any) -> None:
+def serve_live(storage_url: str, port: int, on_ready: Any, writable: bool = False) -> None:
     """optuna-dashboard on the storage, bound to 127.0.0.1 (``port`` 0: a free one), until
-    Ctrl-C or SIGTERM. ``on_ready(url)`` is called once it listens."""
+    Ctrl-C or SIGTERM. ``on_ready(url)`` is called once it listens. Read-only unless
+    ``writable``; requests naming another Host are refused (``guard``)."""
     import optuna_dashboard
 
     from autotune.tuner.storage import open_existing
 
-    serve(optuna_dashboard.wsgi(open_existing(storage_url)), port,
-          lambda port: on_ready(f"http://127.0.0.1:{port}/dashboard/"))
+    bound: list[int] = []
+    app = guard(optuna_dashboard.wsgi(open_existing(storage_url)), bound, writable)
+
+    def ready(port: int) -> None:
+        bound.append(port)
+        on_ready(f"http://127.0.0.1:{port}/dashboard/")
+
+    serve(app, port, ready)
+
+
+READ_METHODS = ("GET", "HEAD")
+
+
+def guard(app: Any, bound: list[int], writable: bool) -> Any:
+    """The live view's WSGI app behind two checks: the Host header must name this server
+    (127.0.0.1 or localhost at the bound port), so a page elsewhere cannot reach it through DNS
+    rebinding; and only reads pass unless ``writable`` (optuna-dashboard can delete studies and
+    edit notes)."""
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        port = bound[0] if bound else None
+        host = str(environ.get("HTTP_HOST", "")).lower()
+        allowed = {f"127.0.0.1:{port}", f"localhost:{port}"}
+        if host not in allowed:
+            return _refuse(start_response, "403 Forbidden",
+                           f"Host {host!r} is not this server; open http://127.0.0.1:{port}/")
+        if not writable and environ.get("REQUEST_METHOD", "GET") not in READ_METHODS:
+            return _refuse(start_response, "405 Method Not Allowed",
+                           "the live dashboard is read-only; start it with --writable to edit "
+                           "or delete studies")
+        return app(environ, start_response)
+
+    return guarded
+
+
+def _refuse(start_response: Any, status: str, why: str) -> list[bytes]:
+    body = (why + "\n").encode()
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                            ("Content-Length", str(len(body)))])
+    return [body]
 
 
 def serve(app: Any, port: int, on_ready: Any) -> None:

@@ -156,6 +156,12 @@ def _builder(spec: str) -> Callable[..., Any]:
     if not callable(builder):
         raise WorkloadError(f"workload {spec!r} has no function {func!r}; "
                             f"define `def {func}(**params) -> Workload` in it")
+    if not (inspect.isclass(builder) or inspect.isfunction(builder)) \
+            or module.__name__.partition(".")[0] in sys.stdlib_module_names:
+        # A spec names a workload builder, not any callable: `os:system` with a `command`
+        # param would run it.
+        raise WorkloadError(f"workload {spec!r} is not a workload builder (a Python function "
+                            "or class in your module); pass pkg.module:function or a .py file")
     return builder
 
 

@@ -124,3 +124,141 @@ def test_the_readmes_postgresql_url_form_opens_the_real_server(postgres_url: str
     assert "s3cret" not in profile and "password=***" in profile
     assert name in optuna.get_all_study_names(postgres_url)
     optuna.delete_study(study_name=name, storage=postgres_url)
+
+
+def test_profile_check_runs_only_built_in_workloads_unless_told(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    evil = replace(make(), workload={"name": "system", "spec": "os:system",
+                                     "params": {"command": f"touch {marker}"}},
+                   result={**make().result, "memory_limit_bytes": 8 * 2**30})
+    path = tmp_path / "evil.yaml"
+    evil.save(path)
+    out = autotune("profile", "check", str(path), "--rounds", "1", cwd=tmp_path)
+    assert out.returncode == 2 and not marker.exists()
+    assert "not built in" in out.stderr and "--allow-workload os:system" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    # Even when allowed by name, a spec must name a workload builder, not any callable.
+    out = autotune("profile", "check", str(path), "--rounds", "1", "--allow-workload",
+                   "os:system", "--trial-timeout", "60s", cwd=tmp_path)
+    assert out.returncode != 0 and not marker.exists()
+    assert "is not a workload builder" in out.stdout + out.stderr
+
+
+def test_a_workload_spec_must_name_a_builder_not_any_callable() -> None:
+    from autotune.errors import WorkloadError
+    from autotune.workloads import resolve
+
+    for spec, params in (("os:system", {"command": "true"}), ("subprocess:run", {"args": "true"}),
+                         ("shutil:rmtree", {"path": "/nonexistent"})):
+        with pytest.raises(WorkloadError, match="is not a workload builder"):
+            resolve(spec, params)
+    assert resolve("autotune.testing.workloads:tiny").default_micro_batch == 4
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "/tmp/abs", "..", ".hidden"])
+def test_a_study_name_cannot_put_outputs_outside_studies(tmp_path: Path, name: str) -> None:
+    out = autotune("run", "--model", "mlp", "--trials", "1", "--study", name,
+                   "--storage", "sqlite:///s.db", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout
+    assert "cannot name a folder under studies" in out.stderr
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "studies").exists()
+
+
+def test_a_stored_study_name_cannot_steer_the_dashboard_outside_studies(tmp_path: Path) -> None:
+    """A shared database may hold any study name: writing its dashboard by default must not
+    follow it out of studies/."""
+    import optuna
+
+    optuna.create_study(study_name="../../escaped", storage=f"sqlite:///{tmp_path}/s.db")
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    out = autotune("dashboard", "--storage", f"sqlite:///{tmp_path}/s.db", cwd=work)
+    assert out.returncode == 2 and "cannot name a folder under studies" in out.stderr
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_default_study_names_are_folder_names_whatever_the_workload_calls_itself() -> None:
+    from autotune.config.space import load_space, narrow
+    from autotune.testing.hardware import fake_cpu
+    from autotune.tuner.study import default_name
+    from autotune.workloads import WorkloadSpec
+
+    hw = fake_cpu()
+    space = narrow(load_space("default"), hw, 1, make().config)
+    name = default_name("My Model/v2", WorkloadSpec("x.py", {}), space, hw)
+    assert name.startswith("My_Model_v2-default-") and "/" not in name
+    assert default_name("bert", WorkloadSpec("bert", {}), space, hw).startswith("bert-default-")
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    import time
+
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i, name in enumerate("bcdefghi"):
+        prev = "abcdefghi"[i]
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("schema: autotune.profile/v1\n" + "\n".join(levels) + "\n")
+    assert path.stat().st_size < 1000
+    start = time.monotonic()
+    out = autotune("profile", "show", str(path), cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stdout) < 1000
+    assert "expands to more than 200000 values" in out.stderr
+    assert time.monotonic() - start < 60
+    big = tmp_path / "big.yaml"
+    big.write_text("x: " + "y" * (5 * 2**20))
+    out = autotune("profile", "show", str(big), cwd=tmp_path)
+    assert out.returncode == 2 and "more than a profile's" in out.stderr
+
+
+def _live(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
+    import re
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--live", *flags],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(_root())})
+    line = proc.stdout.readline() if proc.stdout else ""
+    match = re.search(r"http://127\.0\.0\.1:(\d+)/dashboard/", line)
+    assert match, line + (proc.stderr.read() if proc.stderr else "")
+    return proc, int(match.group(1))
+
+
+def _request(port: int, method: str, path: str, host: str) -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    conn.request(method, path, headers={"Host": host})
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_the_live_dashboard_is_read_only_and_answers_only_its_own_host(tmp_path: Path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/studies/autotune.db"
+    (tmp_path / "studies").mkdir()
+    optuna.create_study(study_name="kept", storage=url)
+    proc, port = _live(tmp_path)
+    try:
+        here = f"127.0.0.1:{port}"
+        assert _request(port, "DELETE", "/api/studies/1", "attacker.example") == 403
+        assert _request(port, "GET", "/api/studies", f"attacker.example:{port}") == 403
+        assert _request(port, "DELETE", "/api/studies/1", here) == 405
+        assert _request(port, "GET", "/api/studies", here) == 200
+        assert _request(port, "GET", "/api/studies", f"localhost:{port}") == 200
+        assert optuna.get_all_study_names(url) == ["kept"]
+    finally:
+        proc.kill()
+        proc.wait()
+    # Asked for, writes pass (from this server's own Host only).
+    proc, port = _live(tmp_path, "--writable")
+    try:
+        assert _request(port, "DELETE", "/api/studies/1", "attacker.example") == 403
+        assert optuna.get_all_study_names(url) == ["kept"]
+        assert _request(port, "DELETE", "/api/studies/1", f"127.0.0.1:{port}") in (200, 204)
+        assert optuna.get_all_study_names(url) == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -8,6 +8,7 @@ profile's memory limit; the median of the rounds is compared with the recorded s
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from autotune.profile import Profile
 from autotune.trial import launch
 from autotune.trial.measurement import INTERRUPTED, Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
-from autotune.workloads import WorkloadSpec
+from autotune.workloads import WorkloadSpec, builtin_workloads
 
 
 @dataclass
@@ -67,11 +68,23 @@ def measure_settings(profile: Profile) -> MeasureSettings:
                          "re-export the profile with this version's `autotune run`") from None
 
 
+def check_workload(profile: Profile, allow: str | None) -> WorkloadSpec:
+    """The profile's workload, when checking may run it: a built-in, or the one workload the
+    command line allows by name. A profile is data; the workload it names is code."""
+    spec = str(profile.workload.get("spec") or profile.workload.get("name") or "")
+    if spec in builtin_workloads() or (allow is not None and allow == spec):
+        return WorkloadSpec(spec, dict(profile.workload.get("params") or {}))
+    raise UsageError(f"the profile names workload {spec!r}, which is not built in: checking it "
+                     f"imports and runs that code; if you trust it, pass --allow-workload "
+                     f"{shlex.quote(spec)}")
+
+
 def check_profile(profile: Profile, *, rounds: int, threshold: float,
                   trial_timeout_s: float = 600.0,
                   on_round: Callable[[int, Measurement], None] | None = None,
-                  hw: Hardware | None = None) -> CheckResult:
+                  hw: Hardware | None = None, allow_workload: str | None = None) -> CheckResult:
     """Measure the profile's config ``rounds`` times, each in a fresh trial process."""
+    workload = check_workload(profile, allow_workload)
     if rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {rounds}")
     if not 0 < threshold <= 10:
@@ -81,9 +94,7 @@ def check_profile(profile: Profile, *, rounds: int, threshold: float,
     check_target(profile, hw)
     result = CheckResult(recorded=profile.samples_per_sec, threshold=threshold)
     spec = TrialSpec(
-        WorkloadSpec(profile.workload.get("spec") or profile.workload["name"],
-                     dict(profile.workload.get("params") or {})),
-        profile.config, hw.device, measure_settings(profile),
+        workload, profile.config, hw.device, measure_settings(profile),
         memory_limit_bytes=profile.result.get("memory_limit_bytes"))
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         for r in range(rounds):

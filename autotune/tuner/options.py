@@ -16,6 +16,7 @@ from typing import Any
 from autotune.config.space import check_global_batch
 from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware
+from autotune.paths import study_folder
 from autotune.trial.launch import Nodes
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.search import HEADROOM, PATIENCE
@@ -119,6 +120,11 @@ def problems(opts: RunOptions, hw: Hardware) -> list[str]:
         memory_limit(opts.memory_limit, hw)
     except UsageError as exc:
         found.append(str(exc))
+    if opts.study_name is not None and opts.out_dir is None:
+        try:
+            study_folder(opts.studies_dir, opts.study_name)
+        except UsageError as exc:
+            found.append(str(exc))
     return found
 
 

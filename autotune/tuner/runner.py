@@ -29,6 +29,7 @@ from autotune.config.knobs import Config
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
 from autotune.errors import one_line
 from autotune.machine.hardware import detect, hostname, process_identity
+from autotune.paths import study_folder
 from autotune.profile import Profile
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
@@ -89,7 +90,7 @@ class Runner:
         self.storage_url = opts.storage_url
         self.study_name = opts.study_name or default_name(self.workload_name,
                                                           self.workload_spec, self.space, hw)
-        self.out_dir = opts.out_dir or opts.studies_dir / self.study_name
+        self.out_dir = opts.out_dir or study_folder(opts.studies_dir, self.study_name)
         options.check_out_dir(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.no_room: str | None = None  # the next config does not fit what is left of --timeout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,7 +47,10 @@ def default_name(workload_name: str, workload: WorkloadSpec, space: NarrowedSpac
     blob = json.dumps({"spec": workload.spec, "params": workload.params,
                        "space": space.to_dict()["searched"], "fingerprint": hw.fingerprint(),
                        **_shape(space)}, sort_keys=True, default=str)
-    return f"{workload_name}-{space.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+    # A folder name under studies/ (paths.study_folder): a workload's or space's own name may
+    # hold anything; only names that already were safe keep their form (and their studies).
+    prefix = re.sub(r"[^A-Za-z0-9._-]", "_", f"{workload_name}-{space.name}").lstrip(".") or "_"
+    return f"{prefix[:150]}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 
 def _shape(space: NarrowedSpace) -> dict[str, Any]:
