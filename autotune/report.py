@@ -48,7 +48,7 @@ PANELS = (
 )
 _AMP_COLOURS = {"off": "#1f77b4", "bf16": "#2ca02c", "fp16": "#ff7f0e"}
 _STATUS_COLOURS = {"ok": "#2ca02c", "oom": "#d62728", "timeout": "#9467bd", "error": "#7f7f7f",
-                   "pruned": "#bcbd22"}
+                   "pruned": "#bcbd22", "diverged": "#e377c2"}
 _PARTS = (("data_wait", "data wait", "#ff7f0e"), ("comm_wait", "communication", "#9467bd"),
           ("compute", "compute", "#1f77b4"))
 
@@ -300,7 +300,8 @@ def _rate_by_micro(views: list[TrialView], limit: int) -> Any:
                     "symbol": ["circle-open" if limit and v.peak_memory_bytes > limit
                                else "circle" for v in ok]},
             text=[v.config.describe() for v in ok])
-    failed = [v for v in views if v.status in ("oom", "timeout", "error") or v.predicted]
+    failed = [v for v in views
+              if v.status in ("oom", "timeout", "error", "diverged") or v.predicted]
     fig.add_scatter(x=[v.config.micro_batch_size for v in failed], y=[0] * len(failed),
                     mode="markers", name="OOM / too slow / error / ruled out",
                     marker={"symbol": "x", "size": 10,

@@ -262,3 +262,55 @@ def test_the_live_dashboard_is_read_only_and_answers_only_its_own_host(tmp_path:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_config_whose_loss_goes_nan_is_diverged_and_never_wins(tmp_path: Path) -> None:
+    """Micro-batch 8 is twice as fast as 4 and its loss is NaN: it must not be the winner."""
+    import optuna
+    import yaml
+
+    (tmp_path / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [4, 8]}\n")
+    out = autotune("run", "--model", "autotune.testing.workloads:diverge", "--space",
+                   "space.yaml", "--trials", "2", "--trial-seconds", "3", "--window-seconds",
+                   "0.2", "--confirm-top", "0", "--storage", "sqlite:///s.db", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+    by_micro = {t.params["micro_batch_size"]: t for t in study.trials}
+    bad = by_micro[8].user_attrs
+    assert bad["status"] == "diverged" and "NaN or infinite" in bad["reason"]
+    assert by_micro[8].state == optuna.trial.TrialState.PRUNED
+    profile = yaml.safe_load(next(tmp_path.glob("studies/*/profile.yaml")).read_text())
+    assert profile["config"]["micro_batch_size"] == 4
+    assert "diverged: the loss was NaN or infinite" in out.stdout
+
+
+def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Path) -> None:
+    """setsid(), SIGTERM ignored, environment dropped: neither the process group nor the trial
+    token finds it; the trial's process tree, noted while it ran, does."""
+    import time
+
+    import psutil
+
+    from autotune.config.knobs import Config
+    from autotune.trial.launch import execute, plan
+    from autotune.trial.spec import MeasureSettings, TrialSpec
+    from autotune.workloads import WorkloadSpec
+
+    pid_file = tmp_path / "orphan.pid"
+    spec = TrialSpec(WorkloadSpec("autotune.testing.workloads:orphan",
+                                  {"pid_file": str(pid_file)}), Config(), "cpu",
+                     MeasureSettings(max_seconds=5.0))
+    raw = execute(plan(spec, workdir=tmp_path / "t", timeout_s=15))
+    assert raw.timed_out
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    try:
+        gone = not psutil.pid_exists(pid) or \
+            psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone, f"the grandchild {pid} survived the trial"
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, 9)

@@ -105,6 +105,40 @@ class Hang(Tiny):
 
 
 @dataclass
+class Diverge(Tiny):
+    """Each micro-batch sleeps ``step_s`` (so bigger batches are faster), and from micro-batch
+    ``from_batch`` on the loss is NaN: the fastest config does not train."""
+
+    step_s: float = 0.05
+    from_batch: int = 8
+    name: str = "diverge"
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        time.sleep(self.step_s)
+        loss = model(batch).pow(2).mean()
+        return loss * float("nan") if batch.shape[0] >= self.from_batch else loss
+
+
+@dataclass
+class Orphan(Tiny):
+    """On its first step, starts a grandchild that leaves the trial's session (setsid), ignores
+    SIGTERM and drops the environment (so no trial token), writes its pid to ``pid_file``, and
+    sleeps; then the step hangs, so the trial ends at its timeout."""
+
+    pid_file: str = "orphan.pid"
+    name: str = "orphan"
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        code = ("import os, signal, time; os.setsid(); "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"tmp = {self.pid_file!r} + '.tmp'; open(tmp, 'w').write(str(os.getpid())); "
+                f"os.replace(tmp, {self.pid_file!r}); time.sleep(600)")
+        subprocess.Popen([sys.executable, "-c", code], env={})
+        time.sleep(600)
+        return model(batch).pow(2).mean()
+
+
+@dataclass
 class Crash(Tiny):
     """Raises ``message`` in the training step, or dies from a signal with ``how="segfault"``.
     With ``rank``, only that rank of a multi-rank trial fails, after ``after`` good micro-steps;
@@ -187,6 +221,14 @@ def crash(how: str = "raise", rank: int | None = None, after: int = 0,
 
 def slowrank(rank: int = 1, extra_s: float = 0.02) -> SlowRank:
     return SlowRank(rank=rank, extra_s=extra_s)
+
+
+def orphan(pid_file: str = "orphan.pid") -> Orphan:
+    return Orphan(pid_file=pid_file)
+
+
+def diverge(step_s: float = 0.05, from_batch: int = 8) -> Diverge:
+    return Diverge(step_s=step_s, from_batch=from_batch)
 
 
 def slow(step_s: float = 1.0, exponent: float = 0.0) -> Slow:

@@ -29,7 +29,7 @@ from autotune.paths import import_root
 from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
-from autotune.trial.processes import TRIAL_TOKEN, kill_group, new_token, reap
+from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
 from autotune.trial.spec import TrialSpec
 
 STDERR_TAIL_BYTES = 8000
@@ -223,15 +223,19 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
                                 start_new_session=True)
         # On GPUs the trial reports its device memory; the host's is not what the limit is about.
         memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
+        tree = Tree(proc.pid)
         try:
-            _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s)
+            _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree)
         except KeyboardInterrupt:
             watch.interrupted = True
         finally:
+            tree.look()  # before the kill: parent links are lost once the leader dies
             kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
             # Reap before wait(): until then the leader's pid (the group id) cannot be reused
             # by an unrelated process that the group match would then kill.
             survivors = reap(p.env.get(TRIAL_TOKEN), proc.pid)
+            # What left the group and dropped the token (setsid, a cleared environment).
+            tree.kill()
             proc.wait()
             samples = monitor.stop() if monitor is not None else []
     if on_event is not None:
@@ -272,12 +276,17 @@ def _prepare(p: TrialPlan) -> dict[str, str]:
 def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             memory: TreeMemory | None, watch: _Watch,
             on_event: Callable[[dict[str, Any]], None] | None,
-            should_stop: Callable[[], str | None] | None, poll_s: float) -> None:
+            should_stop: Callable[[], str | None] | None, poll_s: float,
+            tree: Tree | None = None) -> None:
     """Until the trial ends: enforce the timeout and the memory limit, forward its progress
-    events, and end it when ``should_stop`` gives a reason."""
-    next_sample = 0.0
+    events, note its process tree every second, and end it when ``should_stop`` gives a
+    reason."""
+    next_sample = next_look = 0.0
     while proc.poll() is None:
         now = time.monotonic()
+        if tree is not None and now >= next_look:
+            next_look = now + 1.0
+            tree.look()
         if now - start > p.timeout_s:
             watch.timed_out = True
             return

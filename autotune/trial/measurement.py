@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 RESULT_SCHEMA = "autotune.trial/v1"
-STATUSES = ("ok", "oom", "timeout", "error")
+STATUSES = ("ok", "oom", "timeout", "error", "diverged")
 
 # What allocators print when memory runs out: CUDA's caching allocator, the CPU allocator, Python,
 # and the DataLoader when the kernel's OOM killer took one of its workers.

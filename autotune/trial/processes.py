@@ -69,3 +69,39 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except (ProcessLookupError, PermissionError):
         return None
+
+
+class Tree:
+    """Every process seen below a trial's root by parent links (pid -> start time), looked at
+    while the trial runs: a grandchild that left the trial's session (setsid) and dropped its
+    environment carries neither the group nor the token, and once its parent dies it is
+    re-parented away; this finds it still."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.seen: dict[int, float] = {}
+
+    def look(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            for q in psutil.Process(self.root).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    self.seen[q.pid] = q.create_time()
+
+    def alive(self) -> list[psutil.Process]:
+        """The seen processes still running (the same process: its start time matches, so a
+        reused pid is never taken for it)."""
+        out = []
+        for pid, started in self.seen.items():
+            with contextlib.suppress(psutil.Error):
+                q = psutil.Process(pid)
+                if q.create_time() == started and q.status() != psutil.STATUS_ZOMBIE:
+                    out.append(q)
+        return out
+
+    def kill(self) -> list[int]:
+        """SIGKILL every seen process still alive; returns those that were."""
+        found = self.alive()
+        for q in found:
+            with contextlib.suppress(psutil.Error):
+                q.kill()
+        return [q.pid for q in found]

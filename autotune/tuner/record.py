@@ -6,6 +6,7 @@ What the sampler sees, by outcome:
   oom       COMPLETE with 0 and the memory constraint violated (whatever peak was sampled);
   pruned    PRUNED after its windows (stopped for being clearly slower than the best);
   timeout   PRUNED, with the rough rate of its first step as the only hint;
+  diverged  PRUNED (the loss went NaN or infinite: it never wins, whatever its speed);
   error     FAIL;
   not a result (Ctrl-C, the run's --timeout): FAIL, marked interrupted, and queued again.
 A peak over the memory limit makes an ok or pruned trial infeasible (constraint > 0).
@@ -65,6 +66,9 @@ def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
                       constraint=constraint, intermediate=rates)
     if m.status == "oom":
         return Record(attrs, TrialState.COMPLETE, value=0.0, constraint=constraint)
+    if m.status == "diverged":
+        # Its windows' rates are not a result: a config that does not train has no speed.
+        return Record(attrs, TrialState.PRUNED, constraint=constraint)
     if m.status == "timeout":
         # Too slow to measure: pruned, with the rough rate as the sampler's only hint.
         rough = (m.rough_samples_per_sec,) if m.rough_samples_per_sec else ()

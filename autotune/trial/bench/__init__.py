@@ -83,7 +83,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
     """Build, warm up, time the windows, count FLOPs: the result's fields as they come."""
     from autotune.trial.bench.build import build
     from autotune.trial.bench.flops import flops_for
-    from autotune.trial.bench.loop import TooSlow, measure_windows, warm_up
+    from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, warm_up
 
     timings, settings = result["timings"], spec.measure
     t0 = time.time()
@@ -106,7 +106,12 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
     if trainer.comm is not None:
         trainer.comm.take_wait()  # warm-up's communication is not part of any window
     t_measure = time.time()
-    steps = measure_windows(trainer, settings, progress, warm, result["windows"])
+    try:
+        steps = measure_windows(trainer, settings, progress, warm, result["windows"])
+    except Diverged as exc:
+        result.update(status="diverged", reason=str(exc))
+        timings["measure_s"] = time.time() - t_measure
+        return
     timings["measure_s"] = time.time() - t_measure
     result.update(status="ok", steps_per_window=steps)
     if trainer.comm is not None:

@@ -38,6 +38,16 @@ class Trainer:
     ranks: Ranks
     comm: CommTimer | None = None
     sync_each_micro: bool = False
+    # Micro-steps whose loss was NaN or infinite since the last look: a device tensor summed
+    # without a sync, read at window edges (``nonfinite_steps``).
+    nonfinite: Any = None
+
+    def nonfinite_steps(self) -> int:
+        """Micro-steps with a NaN or infinite loss so far, over all ranks (a sync: call it only
+        where the device is synchronised anyway)."""
+        count = 0.0 if self.nonfinite is None else float(self.nonfinite.item())
+        (worst,) = self.ranks.agree(count)
+        return int(worst)
 
     def sync(self) -> None:
         """Wait for the device: done at window edges only."""
@@ -68,6 +78,8 @@ class Trainer:
                 with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                                     enabled=self.amp_dtype is not None):
                     loss = self.workload.loss(self.model, batch) / accum
+                bad = (~torch.isfinite(loss.detach())).sum()
+                self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
                 self.scaler.scale(loss).backward()
             if self.comm is not None and not quiet:
                 self.comm.end_step()

@@ -20,6 +20,19 @@ from autotune.trial.measurement import median_and_cv
 from autotune.trial.spec import MeasureSettings
 
 
+class Diverged(Exception):
+    """The loss became NaN or infinite: the config does not train (fp16 overflow is the usual
+    cause), whatever its speed."""
+
+
+def check_finite(trainer: Trainer, where: str) -> None:
+    """Raise Diverged when any rank's loss was NaN or infinite so far."""
+    bad = trainer.nonfinite_steps()
+    if bad:
+        raise Diverged(f"the loss was NaN or infinite in {bad} micro-step(s) by the end of "
+                       f"{where}: this config does not train (with fp16, an overflow)")
+
+
 class TooSlow(Exception):
     """Warm-up and one window cannot fit the measuring budget: the step takes ``step_s``."""
 
@@ -127,6 +140,7 @@ def measure_windows(trainer: Trainer, settings: MeasureSettings, progress: Progr
         progress.emit("window", index=len(windows) - 1, samples=samples, seconds=slowest,
                       data_wait_s=wait, comm_wait_s=window.get("comm_wait_s", 0.0),
                       samples_per_sec=rates[-1])
+        check_finite(trainer, f"window {len(windows)}")
         if len(rates) >= settings.min_windows and \
                 median_and_cv(rates)[1] <= settings.target_cv:
             break
