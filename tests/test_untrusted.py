@@ -288,8 +288,6 @@ def test_a_config_whose_loss_goes_nan_is_diverged_and_never_wins(tmp_path: Path)
 def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Path) -> None:
     """setsid(), SIGTERM ignored, environment dropped: neither the process group nor the trial
     token finds it; the trial's process tree, noted while it ran, does."""
-    import time
-
     import psutil
 
     from autotune.config.knobs import Config
@@ -301,11 +299,11 @@ def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Pa
     spec = TrialSpec(WorkloadSpec("autotune.testing.workloads:orphan",
                                   {"pid_file": str(pid_file)}), Config(), "cpu",
                      MeasureSettings(max_seconds=5.0))
-    raw = execute(plan(spec, workdir=tmp_path / "t", timeout_s=15))
-    assert raw.timed_out
-    deadline = time.monotonic() + 10
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # Ended from outside once the grandchild is there (the path a timeout, pruning and Ctrl-C
+    # take): a deadline alone would race a slow start-up on a busy machine.
+    raw = execute(plan(spec, workdir=tmp_path / "t", timeout_s=120),
+                  should_stop=lambda: "the orphan is there" if pid_file.exists() else None)
+    assert raw.stopped == "the orphan is there", raw.stderr_tail
     pid = int(pid_file.read_text())
     try:
         gone = not psutil.pid_exists(pid) or \
@@ -314,3 +312,42 @@ def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Pa
     finally:
         with __import__("contextlib").suppress(ProcessLookupError):
             os.kill(pid, 9)
+
+
+def test_lock_files_never_follow_a_symlink_to_someone_elses_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+
+    from autotune.errors import UsageError
+    from autotune.tuner import fleet, storage
+
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    (locks / "cpu.lock").symlink_to(victim)
+    monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(locks))
+    with pytest.raises(UsageError, match="cannot be opened safely"):
+        with fleet.DeviceLock(["cpu"], "attacker's victim").hold():
+            pass
+    # The study lock next to a SQLite file, the same way.
+    db = tmp_path / "s.db"
+    key = storage._lock_key("s") & 0xFFFFFFFF
+    (tmp_path / f"s.db.{key:08x}.lock").symlink_to(victim)
+    with pytest.raises(UsageError, match="cannot be opened safely"):
+        with storage.locked(f"sqlite:///{db}", "s"):
+            pass
+    assert victim.read_text() == "secret" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    # A lock directory the user gave keeps its mode; a fresh one of theirs is not opened up.
+    assert stat.S_IMODE(locks.stat().st_mode) == 0o700
+    fresh = tmp_path / "fresh-locks"
+    monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(fresh))
+    with fleet.DeviceLock(["cpu"], "me").hold():
+        pass
+    assert not stat.S_IMODE(fresh.stat().st_mode) & 0o002
+    # A symlinked lock directory is refused too.
+    (tmp_path / "linked").symlink_to(locks)
+    monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(tmp_path / "linked"))
+    with pytest.raises(UsageError, match="symlink or not a directory"):
+        fleet.lock_dir()

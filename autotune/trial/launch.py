@@ -279,13 +279,13 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             should_stop: Callable[[], str | None] | None, poll_s: float,
             tree: Tree | None = None) -> None:
     """Until the trial ends: enforce the timeout and the memory limit, forward its progress
-    events, note its process tree every second, and end it when ``should_stop`` gives a
-    reason."""
+    events, note its process tree four times a second, and end it when ``should_stop`` gives
+    a reason."""
     next_sample = next_look = 0.0
     while proc.poll() is None:
         now = time.monotonic()
         if tree is not None and now >= next_look:
-            next_look = now + 1.0
+            next_look = now + 0.25
             tree.look()
         if now - start > p.timeout_s:
             watch.timed_out = True

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,30 +27,51 @@ from pathlib import Path
 
 import optuna
 
+from autotune.errors import UsageError
 from autotune.trial import launch
 from autotune.trial.launch import Nodes, TrialPlan
 from autotune.trial.measurement import RawResult
 from autotune.trial.merge import node_cause
+from autotune.tuner.storage import open_lock_file
 
 LOCK_POLL_S = 0.2
 
 
 def lock_dir() -> Path:
     """``$AUTOTUNE_LOCK_DIR``, else ``autotune-locks`` in the system's temporary directory: one
-    per machine, shared by every worker on it."""
-    path = Path(os.environ.get("AUTOTUNE_LOCK_DIR")
-                or Path(tempfile.gettempdir()) / "autotune-locks")
-    path.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        path.chmod(0o1777)  # other users' workers lock the same GPUs
+    per machine, shared by every worker on it.
+
+    Only the default directory, and only when this call creates it, is made sticky and
+    world-writable (other users' workers lock the same GPUs); a directory that exists is used
+    as it is, after a check: a real directory, not a symlink, and, when another user owns it,
+    sticky (else that user, or anyone, could swap the lock files)."""
+    given = os.environ.get("AUTOTUNE_LOCK_DIR")
+    path = Path(given or Path(tempfile.gettempdir()) / "autotune-locks")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o777)
+    except FileExistsError:
+        _check_lock_dir(path)
+    else:
+        if not given:
+            with contextlib.suppress(OSError):
+                path.chmod(0o1777)
     return path
 
 
+def _check_lock_dir(path: Path) -> None:
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"lock directory {path} is a symlink or not a directory: remove it, or "
+                         "set AUTOTUNE_LOCK_DIR to a directory of your own")
+    if info.st_uid != os.getuid() and not info.st_mode & stat.S_ISVTX:
+        raise UsageError(f"lock directory {path} belongs to another user and is not sticky "
+                         f"(mode {stat.S_IMODE(info.st_mode):o}): its lock files could be "
+                         "swapped; set AUTOTUNE_LOCK_DIR to a directory of your own")
+
+
 def _open_lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, 0o666)
-    return fd
+    return open_lock_file(path)
 
 
 def _holder(fd: int) -> str:

@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import stat
 import threading
 import time
 import warnings
@@ -153,6 +154,32 @@ def all_studies(url: str) -> Iterator[tuple[optuna.Study, Any]]:
 # -- the study lock ------------------------------------------------------------------------------
 
 
+def open_lock_file(path: Path) -> int:
+    """A lock file's descriptor, never through a symlink and never another kind of file: in a
+    shared directory (the system's temporary one, or next to a shared database) someone else
+    may have put a link there to make autotune chmod or overwrite a file of theirs choosing.
+    Only a file this call creates is made writable by everyone (other users' workers lock it
+    too)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)
+        return fd
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UsageError(f"lock file {path} cannot be opened safely ({exc.strerror}; a symlink "
+                         "is refused): remove it, or set AUTOTUNE_LOCK_DIR to a directory of "
+                         "your own") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"lock file {path} is not a regular file: remove it, or set "
+                         "AUTOTUNE_LOCK_DIR to a directory of your own")
+    return fd
+
+
 def _engine(url: str) -> Any:
     """One small connection pool per URL for the advisory lock, kept for the process."""
     import sqlalchemy
@@ -187,10 +214,7 @@ def study_lock(url: str, study_name: str) -> Iterator[None]:
     elif url.startswith(("sqlite:///", JOURNAL)) and url != "sqlite:///:memory:":
         path = Path(url.split(":///", 1)[1])
         key = _lock_key(study_name) & 0xFFFFFFFF
-        fd = os.open(path.with_name(f"{path.name}.{key:08x}.lock"), os.O_RDWR | os.O_CREAT,
-                     0o666)
-        with contextlib.suppress(OSError):
-            os.fchmod(fd, 0o666)
+        fd = open_lock_file(path.with_name(f"{path.name}.{key:08x}.lock"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
