@@ -186,6 +186,9 @@ def agent(
         help="Directory for this node's trial logs")] = Path("studies/agent"),
     wait: Annotated[str, typer.Option(
         help="How long to wait for the tuner to create the study")] = "10m",
+    allow_workload: Annotated[str | None, typer.Option(
+        help="Also run this workload (its spec, as the tuner's --model names it); built-ins "
+             "only otherwise")] = None,
     debug: Debug = False,
 ) -> None:
     """Run this machine's part of trials across machines: start with `autotune run --nnodes N
@@ -195,7 +198,7 @@ def agent(
 
     _sigterm_as_interrupt()
     serve(storage, study, out, lambda line: print(line, flush=True),
-          wait_s=parse_duration(wait, "--wait") or 600.0)
+          wait_s=parse_duration(wait, "--wait") or 600.0, allow_workload=allow_workload)
 
 
 @app.command("probe")

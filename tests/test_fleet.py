@@ -148,7 +148,8 @@ def two_nodes(tmp_path: Path, study: str, *args: str,
     endpoint = f"127.0.0.1:{free_port()}"
     db = f"journal:///{tmp_path}/journal.log"  # the storage for clusters sharing only files
     common = ("--storage", db, "--study", study)
-    agent = start(tmp_path, "agent", *common, "--out", "node1",
+    model = args[args.index("--model") + 1]  # an agent runs only the workload it is told to
+    agent = start(tmp_path, "agent", *common, "--out", "node1", "--allow-workload", model,
                   env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks1")})
     try:
         run = autotune("run", *args, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint",
@@ -277,6 +278,10 @@ def test_an_agent_on_other_hardware_is_refused(tmp_path: Path) -> None:
     assert "study s was measured on other hardware (cpu_model: 'Other CPU'" in out.stderr
     missing = autotune("agent", "--storage", db, "--study", "nope", "--wait", "1s", cwd=tmp_path)
     assert missing.returncode == 2 and "no study 'nope'" in missing.stderr
+    # A study without a fingerprint was not made by `autotune run`: refused, not served.
+    optuna.create_study(study_name="bare", storage=db)
+    bare = autotune("agent", "--storage", db, "--study", "bare", "--wait", "1s", cwd=tmp_path)
+    assert bare.returncode == 2 and "has no hardware fingerprint" in bare.stderr
 
 
 def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(

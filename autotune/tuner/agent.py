@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 
+from autotune.config.knobs import TUNED_ENV
 from autotune.errors import UsageError
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.profile import fingerprint_diff
@@ -27,21 +28,27 @@ from autotune.trial import launch
 from autotune.trial.merge import node_failure
 from autotune.tuner.fleet import NODE_REPORT, NODE_TRIAL, DeviceLock, trial_devices
 from autotune.tuner.storage import open_storage, redact, study_lock
+from autotune.workloads import builtin_workloads
 
 POLL_S = 0.5
 
 
 def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str], None],
-          wait_s: float = 600.0) -> int:
+          wait_s: float = 600.0, allow_workload: str | None = None) -> int:
     """Join the study's trials until its tuner closes the run; returns the trials joined.
 
-    Waits up to ``wait_s`` for the study to exist (the tuner may start later)."""
+    Waits up to ``wait_s`` for the study to exist (the tuner may start later). Runs only what
+    this command line allows (``check_published``): the study's storage is shared, and what
+    is published there is not trusted to run code."""
     storage = open_storage(storage_url)
     started = time.time()
     study = _wait_for_study(storage, study_name, started + wait_s, say, storage_url)
     stored = study.user_attrs.get("fingerprint")
+    if not isinstance(stored, dict) or not stored:
+        raise UsageError(f"study {study_name} has no hardware fingerprint, so `autotune run` did "
+                         "not create it: the agent serves only studies its tuner made")
     hw = detect()
-    diff = fingerprint_diff(stored, hw.fingerprint()) if stored else []
+    diff = fingerprint_diff(stored, hw.fingerprint())
     if diff:
         raise UsageError(f"study {study_name} was measured on other hardware "
                          f"({'; '.join(diff)}); measurements are not comparable: run the agent "
@@ -56,8 +63,37 @@ def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str],
         if doc.get("state") == "running" and doc.get("id") not in joined \
                 and doc.get("at", 0) > started - 60:
             joined.add(doc["id"])
-            _join(study, doc, out_dir, say, hw.device, [g.index for g in hw.gpus])
+            why = check_published(doc, allow_workload)
+            if why:
+                say(f"trial {doc.get('id')}: not run: {why}")
+            else:
+                _join(study, doc, out_dir, say, hw.device, [g.index for g in hw.gpus])
         time.sleep(POLL_S)
+
+
+# What a tuner publishes for its agents, beyond these, is not autotune's: refused.
+_PUBLISHED_ENV = (*TUNED_ENV, "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM")
+_TORCHRUN_FLAG = re.compile(r"--(nnodes|nproc-per-node|max-restarts)=\d+|--rdzv-backend=c10d|"
+                            r"--rdzv-endpoint=[A-Za-z0-9_.:\[\]-]+|--rdzv-id=[A-Za-z0-9_.-]+")
+
+
+def check_published(doc: dict[str, Any], allow_workload: str | None) -> str | None:
+    """Why the agent must not run a published trial, or None: its workload is neither built in
+    nor the one this agent was started for (--allow-workload), its environment holds what
+    autotune does not set, or its torchrun flags are not the ones autotune passes."""
+    spec = (doc.get("spec") or {}).get("workload") or {}
+    name = str(spec.get("spec") or "")
+    if name not in builtin_workloads() and name != allow_workload:
+        return (f"workload {name!r} is not built in; start the agent with --allow-workload "
+                f"{name!r} if you trust that code")
+    env = doc.get("env") or {}
+    foreign = [k for k in env if k not in _PUBLISHED_ENV]
+    if foreign or not all(isinstance(v, str) for v in env.values()):
+        return f"its environment sets {', '.join(map(repr, foreign)) or 'non-strings'}"
+    flags = doc.get("torchrun") or []
+    if not all(isinstance(f, str) and _TORCHRUN_FLAG.fullmatch(f) for f in flags):
+        return f"its torchrun flags {flags!r} are not autotune's"
+    return None
 
 
 def _wait_for_study(storage: Any, name: str, deadline: float, say: Callable[[str], None],
