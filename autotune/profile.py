@@ -331,6 +331,10 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
     speedup = data.get("speedup")
     if speedup is not None and not isinstance(speedup, int | float):
         problems.append(f"has a speedup that is not a number ({speedup!r})")
+    for name, kind in (("confirmation", dict), ("notes", list), ("diagnosis", list),
+                       ("probe", dict)):
+        if data.get(name) is not None and not isinstance(data[name], kind):
+            problems.append(f"has a {name} that is not a {'mapping' if kind is dict else 'list'}")
     if problems or config is None:
         raise ProfileError(f"{source} {'; '.join(problems)}: the file is damaged or truncated; "
                            "re-export it with `autotune run` on its study")

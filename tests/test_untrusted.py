@@ -403,3 +403,22 @@ def test_an_agent_runs_only_what_its_command_line_allows(tmp_path: Path) -> None
         agent.kill()
         agent.wait()
     assert not marker.exists()
+
+
+def test_bad_inputs_are_one_line_errors_not_internal_ones(tmp_path: Path) -> None:
+    (tmp_path / "bin.yaml").write_bytes(bytes(range(256)) * 2)
+    bad_profile = replace(make(), confirmation=None)
+    data = bad_profile.to_dict()
+    data["confirmation"] = "not a mapping"
+    import yaml
+
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    for args, needle in (
+            (("run", "--model", "mlp", "--space", "bin.yaml", "--trials", "1"), "not text"),
+            (("run", "--model", "mlp", "--memory-limit", "1e400", "--trials", "1"),
+             "--memory-limit must be a size"),
+            (("profile", "show", "p.yaml"), "has a confirmation that is not a mapping")):
+        out = autotune(*args, cwd=tmp_path)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert needle in out.stderr and "internal error" not in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr

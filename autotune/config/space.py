@@ -89,6 +89,10 @@ def load_space(name_or_path: str) -> SearchSpace:
     source = str(path)
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise SpaceError(source, ["not text (a search space is a YAML file)"]) from None
+    except OSError as exc:
+        raise SpaceError(source, [f"cannot be read ({exc.strerror})"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -256,7 +256,7 @@ def memory_limit(spec: str | None, hw: Hardware) -> int:
     if spec is None:
         return int(base * (0.9 if hw.device == "cuda" else 0.8))
     value, unit = parse_size(spec)
-    if unit not in SIZE_UNITS or not value > 0:
+    if unit not in SIZE_UNITS or not value > 0 or not math.isfinite(value):
         raise UsageError(f"--memory-limit must be a size like 20GiB or a fraction like 0.8, "
                          f"got {spec!r}")
     if unit == "" and value <= 1.0:
