@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -458,8 +459,24 @@ def launch_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="autotune")
+    """Console-script entry point. A usage error from the argument parser (an unknown flag, a
+    value of the wrong type) is one line and exit 2, like every other error here, instead of
+    the parser's boxed usage text."""
+    try:
+        code = app(prog_name="autotune", standalone_mode=False)
+    except Exception as exc:  # typer's own copy of click raises its own exception classes
+        if getattr(exc, "exit_code", None) == 2 and hasattr(exc, "format_message"):
+            if not exc.format_message():  # no arguments: the help was printed, as asked
+                sys.exit(2)
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else "autotune"
+            print(f"autotune: error: {exc.format_message()}; `{where} --help` lists the "
+                  "options", file=sys.stderr)
+            sys.exit(2)
+        if type(exc).__name__ == "Abort":  # Ctrl-C outside a command
+            sys.exit(130)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -422,3 +422,12 @@ def test_bad_inputs_are_one_line_errors_not_internal_ones(tmp_path: Path) -> Non
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert needle in out.stderr and "internal error" not in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_usage_error_from_the_parser_is_one_line(tmp_path: Path) -> None:
+    for args, needle in ((("run", "--trials", "x"), "Invalid value for '--trials'"),
+                         (("run", "--no-such-flag"), "No such option: --no-such-flag")):
+        out = autotune(*args, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith("autotune: error: ") and needle in out.stderr
+        assert "autotune run --help" in out.stderr and "╭" not in out.stderr
