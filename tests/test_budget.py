@@ -125,7 +125,7 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
 
 def test_startup_is_measured_from_trials_with_a_safety_margin() -> None:
     assert startup_seconds([], 180.0) == pytest.approx(60.0)
-    assert startup_seconds([(20.0, 12.0), (30.0, 20.0), (25.0, 16.0)], 180.0) == \
+    assert startup_seconds([8.0, 10.0, 9.0], 180.0) == \
         pytest.approx(1.5 * 9.0 + 2.0)
 
 

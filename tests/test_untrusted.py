@@ -192,8 +192,6 @@ def test_default_study_names_are_folder_names_whatever_the_workload_calls_itself
 
 
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
-    import time
-
     levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
     for i, name in enumerate("bcdefghi"):
         prev = "abcdefghi"[i]
@@ -201,11 +199,9 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text("schema: autotune.profile/v1\n" + "\n".join(levels) + "\n")
     assert path.stat().st_size < 1000
-    start = time.monotonic()
-    out = autotune("profile", "show", str(path), cwd=tmp_path)
+    out = autotune("profile", "show", str(path), cwd=tmp_path, timeout=120)
     assert out.returncode == 2 and len(out.stdout) < 1000
     assert "expands to more than 200000 values" in out.stderr
-    assert time.monotonic() - start < 60
     big = tmp_path / "big.yaml"
     big.write_text("x: " + "y" * (5 * 2**20))
     out = autotune("profile", "show", str(big), cwd=tmp_path)

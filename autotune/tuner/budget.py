@@ -158,15 +158,13 @@ def measuring_seconds(step_s: float, settings: MeasureSettings,
     return warm + (settings.min_windows if windows is None else windows) * window
 
 
-def startup_seconds(observations_walls: Sequence[tuple[float, float]],
-                    trial_timeout_s: float) -> float:
-    """What a trial costs besides its measuring: the median over trials of wall time less
-    measuring time ((wall, measuring) pairs), with half again for safety; a third of the trial
-    timeout before any trial ran."""
-    costs = [w - m for w, m in observations_walls if w > 0 and w >= m]
-    if not costs:
+def startup_seconds(startups: Sequence[float], trial_timeout_s: float) -> float:
+    """What a trial costs besides its measuring: the median of the trials' start-ups
+    (``results.startup_costs``) with half again for safety; a third of the trial timeout
+    before any trial ran."""
+    if not startups:
         return STARTUP_SHARE * trial_timeout_s
-    return 1.5 * statistics.median(costs) + 2.0
+    return 1.5 * statistics.median(startups) + 2.0
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from autotune.tuner.results import (
     measured,
     pick_baseline,
     recorded,
+    startup_of,
 )
 from autotune.tuner.search import (
     Candidate,
@@ -64,11 +65,11 @@ def costs(trials: list[FrozenTrial], cands: list[Candidate],
     and windows; half the wall time where the trial did not say) and its round's budget."""
     out = {}
     for c in cands:
-        m = next(t for t in trials if t.number == c.number).user_attrs["measurement"]
-        timings, wall = m.get("timings") or {}, float(m.get("wall_s") or 0.0)
-        measuring = timings.get("warmup_s", 0.0) + timings.get("measure_s", 0.0)
-        startup = wall - measuring if "measure_s" in timings else 0.5 * wall
-        out[c.number] = max(startup, 0.0) + round_settings(trials, c, settings).max_seconds
+        t = next(t for t in trials if t.number == c.number)
+        startup = startup_of(t)
+        if startup is None:
+            startup = 0.5 * float(t.user_attrs["measurement"].get("wall_s") or 0.0)
+        out[c.number] = startup + round_settings(trials, c, settings).max_seconds
     return out
 
 

@@ -103,17 +103,21 @@ def observations(trials: list[FrozenTrial]) -> list[Observation]:
     return out
 
 
-def startup_costs(trials: list[FrozenTrial]) -> list[tuple[float, float]]:
-    """(wall time, measuring time) of each trial that ran to a result: what a trial costs
-    besides its warm-up and windows is the difference."""
-    out = []
-    for t in measured(trials):
-        m = t.user_attrs.get("measurement") or {}
-        timings = m.get("timings") or {}
-        if t.user_attrs.get("status") == "ok" and "measure_s" in timings:
-            out.append((float(m.get("wall_s") or 0.0),
-                        float(timings.get("warmup_s", 0.0)) + float(timings["measure_s"])))
-    return out
+def startup_of(t: FrozenTrial) -> float | None:
+    """What a trial cost besides its warm-up and windows (process start, imports, build, FLOPs
+    counting, exit): its wall time less its measuring time; None when it did not say."""
+    m = t.user_attrs.get("measurement") or {}
+    timings = m.get("timings") or {}
+    if "measure_s" not in timings:
+        return None
+    measuring = float(timings.get("warmup_s", 0.0)) + float(timings["measure_s"])
+    return max(float(m.get("wall_s") or 0.0) - measuring, 0.0)
+
+
+def startup_costs(trials: list[FrozenTrial]) -> list[float]:
+    """The start-up of each trial that ran to an ok result (``startup_of``)."""
+    found = (startup_of(t) for t in measured(trials) if t.user_attrs.get("status") == "ok")
+    return [s for s in found if s is not None]
 
 
 def shortest_useful_trial(trials: list[FrozenTrial]) -> float:

@@ -223,13 +223,9 @@ class Runner:
             return any(t.user_attrs.get("stage") or t.user_attrs.get("baseline")
                        for t in waiting)
         obs = observations(trials)
-        slow = budget.StepTimeModel(obs)
-        startup = budget.startup_seconds(startup_costs(trials), self.opts.trial_timeout_s)
         proposal = staged_next(
             self.space, self.baseline, obs, self._memory_model(obs),
-            too_slow=lambda c: budget.plan_trial(
-                c, slow, self.opts.measure, trial_timeout_s=self.opts.trial_timeout_s,
-                startup_s=startup, left_s=None).too_slow is not None)
+            too_slow=lambda c: self._trial_budget(c, None, trials).too_slow is not None)
         if proposal is None:
             return False
         running = [t.user_attrs.get("config") for t in
@@ -296,9 +292,12 @@ class Runner:
                     trial.set_user_attr("interrupted", True)
                     self.study.tell(trial, state=TrialState.FAIL)
 
-    def _trial_budget(self, config: Config, remaining: float | None) -> budget.TrialBudget:
-        """The measuring budget ``config``'s predicted steps need, or why it does not run."""
-        trials = recorded(self.study)
+    def _trial_budget(self, config: Config, remaining: float | None,
+                      trials: list[FrozenTrial] | None = None) -> budget.TrialBudget:
+        """The measuring budget ``config``'s predicted steps need, or why it does not run
+        (``remaining``: seconds left for the search; None: judge the config alone)."""
+        if trials is None:
+            trials = recorded(self.study)
         return budget.plan_trial(
             config, budget.StepTimeModel(observations(trials)), self.opts.measure,
             trial_timeout_s=self.opts.trial_timeout_s,
