@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from autotune.errors import AutotuneError, UsageError
+from autotune.errors import AutotuneError, UsageError, disk_full
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import options
 
@@ -59,6 +59,8 @@ def guarded(func: F) -> F:
         except Exception as exc:
             if debug:
                 raise
+            if (why := disk_full(exc)) is not None:
+                raise _fail(f"disk full ({why}); free space and run the command again", 1) from None
             raise _fail(f"internal error: {type(exc).__name__}: {exc} "
                         "(rerun with --debug for the traceback)", 1) from None
 

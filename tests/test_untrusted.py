@@ -282,9 +282,13 @@ def test_a_config_whose_loss_goes_nan_is_diverged_and_never_wins(tmp_path: Path)
     assert "diverged: the loss was NaN or infinite" in out.stdout
 
 
-def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Path) -> None:
+@pytest.mark.parametrize("quick", [False, True])
+def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Path,
+                                                                     quick: bool) -> None:
     """setsid(), SIGTERM ignored, environment dropped: neither the process group nor the trial
-    token finds it; the trial's process tree, noted while it ran, does."""
+    token finds it; the trial's process tree, noted while it ran, does. ``quick``: its parent
+    exited within a millisecond, before any look at the tree: it is found as an orphan this
+    process adopted."""
     import psutil
 
     from autotune.config.knobs import Config
@@ -294,7 +298,7 @@ def test_a_grandchild_that_left_the_session_is_ended_with_the_trial(tmp_path: Pa
 
     pid_file = tmp_path / "orphan.pid"
     spec = TrialSpec(WorkloadSpec("autotune.testing.workloads:orphan",
-                                  {"pid_file": str(pid_file)}), Config(), "cpu",
+                                  {"pid_file": str(pid_file), "quick": quick}), Config(), "cpu",
                      MeasureSettings(max_seconds=5.0))
     # Ended from outside once the grandchild is there (the path a timeout, pruning and Ctrl-C
     # take): a deadline alone would race a slow start-up on a busy machine.
@@ -427,3 +431,98 @@ def test_a_usage_error_from_the_parser_is_one_line(tmp_path: Path) -> None:
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
         assert out.stderr.startswith("autotune: error: ") and needle in out.stderr
         assert "autotune run --help" in out.stderr and "╭" not in out.stderr
+
+
+def test_a_trial_whose_folder_is_deleted_fails_alone_and_the_run_goes_on(tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    from tests.conftest import FAST, ROOT
+
+    # Each step sleeps 0.2 s, so a trial measures for seconds: the folder goes while it runs.
+    run = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", "--model", "autotune.testing.workloads:slow",
+         "--param", "step_s=0.2", "--study", "gone", "--trials", "3", *FAST],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    second = tmp_path / "studies" / "gone" / "trials" / "0001"
+    deadline = time.monotonic() + 240
+    while not second.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(second.parent)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, out + err
+    assert "internal error" not in err
+    failed = [ln for ln in out.splitlines() if ln.strip().startswith("#1 ")]
+    assert failed and "error:" in failed[0] and "was removed while it ran" in failed[0], out
+    third = [ln for ln in out.splitlines() if ln.strip().startswith("#2 ")]
+    assert third and "samples/s" in third[0], out  # the next trial ran and measured
+    assert (tmp_path / "studies" / "gone" / "profile.yaml").exists()
+
+
+def _can_mount_tmpfs() -> bool:
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                           capture_output=True, check=False) if _has("unshare") else None
+    return probe is not None and probe.returncode == 0
+
+
+def _has(tool: str) -> bool:
+    import shutil
+
+    return shutil.which(tool) is not None
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unshare to mount a small tmpfs")
+def test_a_full_disk_under_the_database_is_one_line_and_keeps_the_trials(tmp_path: Path) -> None:
+    """A real full disk: the study's SQLite file sits on a 4 MiB tmpfs (in a mount namespace of
+    the run's own) that is filled up while the second trial runs."""
+    import optuna
+
+    from tests.conftest import FAST, ROOT
+
+    small, out = tmp_path / "small", tmp_path / "out"
+    small.mkdir()
+    script = f"""
+mount -t tmpfs -o size=4m tmpfs {small} || exit 99
+{sys.executable} -m autotune run --model autotune.testing.workloads:slow --param step_s=0.2 \\
+  --study full --trials 4 {" ".join(FAST)} --storage sqlite:///{small}/a.db --out {out} &
+run=$!
+while [ ! -e {out}/trials/0001 ] && kill -0 $run 2>/dev/null; do sleep 0.05; done
+dd if=/dev/zero of={small}/fill bs=64k 2>/dev/null
+wait $run; rc=$?
+cp {small}/a.db {tmp_path}/a.db
+exit $rc
+"""
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "disk full (database or disk is full)" in done.stderr
+    assert "free space and run the same command to resume" in done.stderr
+    study = optuna.load_study(study_name="full", storage=f"sqlite:///{tmp_path}/a.db")
+    kept = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(kept) == 1 and kept[0].params["micro_batch_size"] == 4  # the baseline
+
+
+def test_disk_full_is_read_through_the_storage_layers_wrapping() -> None:
+    import errno
+
+    from autotune.errors import disk_full
+
+    class PgDiskFull(Exception):
+        pgcode = "53100"
+
+    def wrapped(cause: BaseException) -> BaseException:
+        try:
+            try:
+                raise cause
+            except BaseException as inner:
+                raise RuntimeError("An exception is raised during the commit.") from inner
+        except RuntimeError as outer:
+            return outer
+
+    nospace = OSError(errno.ENOSPC, "No space left on device", "studies/x/profile.yaml")
+    assert disk_full(wrapped(nospace)) == "No space left on device: studies/x/profile.yaml"
+    assert disk_full(wrapped(PgDiskFull("could not extend file"))) == \
+        "the PostgreSQL server's disk is full"
+    assert disk_full(wrapped(ValueError("exceeding max length"))) is None
+    assert disk_full(OSError(errno.EACCES, "Permission denied")) is None

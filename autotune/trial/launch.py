@@ -218,7 +218,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     watch = _Watch()
     if monitor is not None:
         monitor.start()
-    with open(p.stderr_path, "wb") as err:
+    # Read back through this handle, not the path: the trial's folder may be deleted under it.
+    with open(p.stderr_path, "w+b") as err:
         proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 start_new_session=True)
         # On GPUs the trial reports its device memory; the host's is not what the limit is about.
@@ -238,9 +239,13 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
             tree.kill()
             proc.wait()
             samples = monitor.stop() if monitor is not None else []
+            err.seek(0)
+            data = err.read()
     if on_event is not None:
         _forward_events(p.progress_path, watch.seen, on_event)
-    data = Path(p.stderr_path).read_bytes()
+    folder = Path(p.spec_path).parent
+    if not folder.is_dir():
+        data += (f"\nautotune: the trial's folder {folder} was removed while it ran\n").encode()
     if survivors:
         # A process stuck in the kernel (a GPU driver call) ignores SIGKILL for a while: say so,
         # since the next trial would share the device with it.

@@ -5,9 +5,11 @@ inherits, loader workers included) as well as by the trial's process group."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import signal
+import sys
 import time
 
 import psutil
@@ -71,21 +73,58 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Have Linux re-parent this process's orphaned descendants to it instead of to init
+    (PR_SET_CHILD_SUBREAPER): a trial's process whose parent exits before the tree was looked
+    at stays findable, as a child of this process. Whether it is in effect."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> dict[int, float]:
+    """This process's own children now (pid -> start time)."""
+    out = {}
+    with contextlib.suppress(psutil.Error):
+        for q in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                out[q.pid] = q.create_time()
+    return out
+
+
 class Tree:
     """Every process seen below a trial's root by parent links (pid -> start time), looked at
     while the trial runs: a grandchild that left the trial's session (setsid) and dropped its
     environment carries neither the group nor the token, and once its parent dies it is
-    re-parented away; this finds it still."""
+    re-parented away; this finds it still. Where Linux allows, this process adopts the trial's
+    orphans, so one whose parent exited between two looks is found too: a new child here that
+    this process did not start itself."""
 
     def __init__(self, root: int) -> None:
         self.root = root
         self.seen: dict[int, float] = {}
+        self.adopting = adopt_orphans()
+        self.own = _children()  # started by this process itself (the root among them)
 
     def look(self) -> None:
-        with contextlib.suppress(psutil.Error):
-            for q in psutil.Process(self.root).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    self.seen[q.pid] = q.create_time()
+        roots = [self.root]
+        if self.adopting:
+            roots += [pid for pid, started in _children().items()
+                      if self.own.get(pid) != started]
+        for root in roots:
+            with contextlib.suppress(psutil.Error):
+                top = psutil.Process(root)
+                if root != self.root:
+                    self.seen[root] = top.create_time()
+                for q in top.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        self.seen[q.pid] = q.create_time()
 
     def alive(self) -> list[psutil.Process]:
         """The seen processes still running (the same process: its start time matches, so a
@@ -99,9 +138,23 @@ class Tree:
         return out
 
     def kill(self) -> list[int]:
-        """SIGKILL every seen process still alive; returns those that were."""
+        """SIGKILL every seen process still alive; returns those that were. Adopted ones are
+        then reaped here, as their parent now."""
+        self.look()
         found = self.alive()
         for q in found:
             with contextlib.suppress(psutil.Error):
                 q.kill()
+        adopted = [pid for pid, started in _children().items()
+                   if pid in self.seen and self.own.get(pid) != started]
+        for pid in adopted:
+            with contextlib.suppress(ChildProcessError):
+                _reap(pid)
         return [q.pid for q in found]
+
+
+def _reap(pid: int, wait_s: float = 2.0) -> None:
+    """Collect the exit of a child of this process, killed just before (a zombie otherwise)."""
+    deadline = time.monotonic() + wait_s
+    while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.01)

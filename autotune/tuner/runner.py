@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import Config
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
-from autotune.errors import one_line
+from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.paths import study_folder
 from autotune.profile import Profile
@@ -454,4 +454,14 @@ class Runner:
 
 def run(opts: RunOptions, reporter: Reporter, dashboard: Dashboard | None = None) -> RunSummary:
     """Run (or resume) a study and export its profile; see ``RunOptions`` for the knobs."""
-    return Runner(opts, reporter, dashboard).run()
+    try:
+        return Runner(opts, reporter, dashboard).run()
+    except Exception as exc:
+        why = disk_full(exc)
+        if why is None:
+            raise
+        # Each finished trial was committed when it ended; the one that was running when the
+        # write failed is found as dead and measured again when the run resumes.
+        raise DiskFull(f"disk full ({why}) writing the study to "
+                       f"{storage.redact(opts.storage_url)} or its outputs; free space and run "
+                       "the same command to resume: completed trials are kept") from None
