@@ -80,7 +80,13 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
             return None
 
         killed = wait_for(victim_trial)
-        workers += [start(tmp_path, *args, "--out", f"w{i}") for i in (1, 2)]
+        workers += [start(tmp_path, *args, "--out", f"w{i}", env={"PYTHONUNBUFFERED": "1"})
+                    for i in (1, 2)]
+        # Both past their start-up (on a busy machine one could take longer than the other
+        # needs for the whole study) before the victim dies and its trial is up for retry.
+        for w in workers[1:]:
+            first = w.stdout.readline() if w.stdout else ""
+            assert first.startswith("autotune: study"), first
         victim.send_signal(signal.SIGKILL)
         victim.communicate()
         for w in workers[1:]:
