@@ -17,6 +17,7 @@ from autotune.trial.measurement import Measurement
 from autotune.tuner.reporting import RunSummary, StartInfo
 from autotune.tuner.results import TrialView
 from autotune.tuner.search import NO_WIN, Candidate
+from autotune.tuner.stages import story
 from autotune.units import format_bytes
 
 
@@ -187,6 +188,11 @@ class ConsoleReporter:
                 p(f"dashboard: {summary.dashboard}")
             return
         p(_result_table(summary))
+        led = _story(summary)
+        if led:
+            p("the search, led by the diagnosis (search trials' own figures vs the baseline):")
+            for line in led:
+                p(f"  {line}")
         if summary.diagnosis:
             p("what limits the winner:")
             for finding in summary.diagnosis:
@@ -405,3 +411,11 @@ class QuietReporter:
     def confirming(self, *args: Any) -> None: ...
     def note(self, line: str) -> None: ...
     def finished(self, summary: RunSummary) -> None: ...
+
+
+def _story(summary: RunSummary) -> list[str]:
+    """Each diagnosis-led trial: what limited the incumbent, the change, and its speedup."""
+    base = summary.baseline.samples_per_sec if summary.baseline else None
+    return story([(t.stage or "", t.samples_per_sec / base
+                   if t.samples_per_sec and base and t.status == "ok" else None)
+                  for t in summary.trials])

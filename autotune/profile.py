@@ -21,12 +21,24 @@ import yaml
 
 from autotune.config.knobs import TUNED_ENV, Config
 from autotune.errors import ProfileError
-from autotune.trial.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
+from autotune.trial.apply import (
+    autocast_dtype,
+    compile_model,
+    ddp_kwargs,
+    loader_kwargs,
+    optimizer_kwargs,
+    prepare_model,
+    set_torch_flags,
+    uses_grad_scaler,
+)
 
 if TYPE_CHECKING:
     import torch
 
-SCHEMA_VERSION = 1
+# v2 added the model and process knobs (compile, optimizer_impl, matmul_precision, attention,
+# activation_checkpointing, cpu_threads); a v1 profile loads with their baseline values.
+SCHEMA_VERSION = 2
+READS = (1, 2)
 SCHEMA = f"autotune.profile/v{SCHEMA_VERSION}"
 _SCHEMA_RE = re.compile(r"autotune\.profile/v(\d+)")
 _MAPPINGS = ("workload", "config", "env", "result", "baseline", "fingerprint", "provenance")
@@ -159,6 +171,35 @@ class Profile:
                                f"variables it tunes ({', '.join(TUNED_ENV)}); remove the others "
                                "from the profile's env")
 
+    def apply_torch_flags(self) -> dict[str, Any]:
+        """Set the process-wide torch settings the profile tuned: intra-op threads (when it
+        set them) and the fp32 matmul precision (TF32 or not). Call once at start, before
+        building the model. Returns what is in force afterwards."""
+        return set_torch_flags(self.config)
+
+    @property
+    def attn_implementation(self) -> str | None:
+        """The attention implementation for transformers' ``from_pretrained`` /
+        ``from_config`` (``attn_implementation=``); None: the model's own default."""
+        return None if self.config.attention == "default" else self.config.attention
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """``foreach`` / ``fused`` for your torch optimizer's constructor, as the trials ran it
+        (``{}``: the optimizer's own default). ``AdamW(params, lr=..., **p.optimizer_kwargs())``."""
+        return optimizer_kwargs(self.config)
+
+    def prepare_model(self, model: Any, compile: bool = True) -> Any:
+        """The model as the trials ran it: its attention implementation and activation
+        checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
+        DDP, call ``prepare_model(model, compile=False)`` before wrapping and
+        ``compile_model(ddp_model)`` after, as the trials do. Returns the model to train."""
+        model = prepare_model(model, self.config)
+        return self.compile_model(model) if compile else model
+
+    def compile_model(self, model: Any) -> Any:
+        """``torch.compile(model, mode=...)`` when the profile compiles, else ``model``."""
+        return compile_model(model, self.config)
+
     # -- integrations ---------------------------------------------------------------------------
 
     def hf_training_args(self) -> dict[str, Any]:
@@ -184,13 +225,29 @@ class Profile:
             kwargs["ddp_bucket_cap_mb"] = c.ddp_bucket_cap_mb
             if c.ddp_static_graph:
                 kwargs["ddp_static_graph"] = True
+        if c.compile != "off":
+            kwargs["torch_compile"] = True
+            if c.compile != "default":
+                kwargs["torch_compile_mode"] = c.compile
+        if c.matmul_precision == "high":
+            kwargs["tf32"] = True
+        # AdamW as the trials stepped it (the Trainer's own default is the fused one).
+        kwargs["optim"] = "adamw_torch_fused" if c.optimizer_impl == "fused" else "adamw_torch"
+        if c.activation_checkpointing:
+            name = _hf_checkpointing_name()
+            kwargs[name] = True
+            kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
         return kwargs
 
     def lightning_trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for a Lightning ``Trainer``: ``precision``,
         ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
         the DDP arguments. Build the DataLoader with ``dataloader_kwargs()``. Needs ``lightning``
-        (or ``pytorch_lightning``) installed only when a strategy is made."""
+        (or ``pytorch_lightning``) installed only when a strategy is made.
+
+        Lightning's Trainer takes none of the model knobs: call ``apply_torch_flags()`` at
+        start, ``prepare_model(self.model)`` in your LightningModule's ``configure_model``, and
+        pass ``optimizer_kwargs()`` to the optimizer ``configure_optimizers`` builds."""
         c = self.config
         precision = {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(c.amp, "32-true")
         kwargs: dict[str, Any] = {"precision": precision,
@@ -282,6 +339,20 @@ class Profile:
         return path
 
 
+def _hf_checkpointing_name() -> str:
+    """TrainingArguments' name for activation checkpointing: transformers 5.x renamed
+    ``gradient_checkpointing`` to ``activation_checkpointing``."""
+    try:
+        import inspect
+
+        from transformers import TrainingArguments
+    except ImportError:
+        return "gradient_checkpointing"
+    params = inspect.signature(TrainingArguments.__init__).parameters
+    return "activation_checkpointing" if "activation_checkpointing" in params \
+        else "gradient_checkpointing"
+
+
 def _device_type(device: str | torch.device | None) -> str:
     if device is None:
         import torch
@@ -298,6 +369,8 @@ def _check_schema(schema: Any, source: str) -> None:
     if found is None:
         raise ProfileError(f"{source} has schema {schema!r}, which is not an autotune profile "
                            f"schema; this autotune reads {SCHEMA!r}")
+    if int(found.group(1)) in READS:
+        return
     if int(found.group(1)) > SCHEMA_VERSION:
         raise ProfileError(f"{source} has schema {schema!r}, newer than this autotune reads "
                            f"({SCHEMA!r}): upgrade autotune to load it")

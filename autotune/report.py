@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 from autotune.machine.hardware import describe_fingerprint
 from autotune.tuner.results import (
     TrialView,
+    compile_payback,
     confirmed,
     confirmed_winner,
+    payback_words,
     pick_baseline,
     recorded,
     view,
 )
+from autotune.tuner.stages import story
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -236,6 +239,13 @@ def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialVie
         peaks = ", ".join(f"{k} {v:g}" for k, v in (probe.get("peak_tflops") or {}).items())
         rows.append(("probe", f"peak TFLOP/s {peaks or 'unknown'}"
                               + "".join(f"; {f}" for f in probe.get("flags", []))))
+    if best is not None and (payback := compile_payback(trials, best)) is not None:
+        rows.append(("compile", payback_words(payback)))
+    base_rate = _rate(base) if base is not None else None
+    for line in story([(v.stage or "", v.samples_per_sec / base_rate
+                        if v.samples_per_sec and base_rate and v.status == "ok" else None)
+                       for v in views]):
+        rows.append(("search step", line))
     for finding in study.user_attrs.get("diagnosis") or []:
         rows.append(("limits the winner", str(finding.get("text"))))
     counts = Counter("ruled out" if v.predicted else v.status for v in views)

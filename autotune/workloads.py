@@ -55,6 +55,30 @@ class Workload(Protocol):
         """Training FLOPs (forward + backward) per sample, or None when unknown."""
         ...
 
+    # Optional: the model knobs this workload takes (``autotune.config.knobs.DECLARED``):
+    # "optimizer_impl" (build_optimizer returns a torch optimizer that takes foreach/fused),
+    # "compile" (the model compiles with torch.compile), "attention" and
+    # "activation_checkpointing" (a transformers model, or one with set_attn_implementation /
+    # gradient_checkpointing_enable). A workload that declares nothing keeps its own
+    # behaviour: those knobs stay at their baseline, with the reason printed.
+    # supports: tuple[str, ...]
+
+
+def declared_knobs(workload: Any) -> frozenset[str]:
+    """The model knobs ``workload`` declares in ``supports``; a name autotune does not know is
+    an error (a typo would otherwise silently search nothing)."""
+    from autotune.config.knobs import DECLARED
+
+    names = getattr(workload, "supports", ())
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise WorkloadError(f"workload {getattr(workload, 'name', '?')}: supports must be a "
+                            f"tuple of knob names, got {names!r}")
+    unknown = sorted(set(names) - set(DECLARED))
+    if unknown:
+        raise WorkloadError(f"workload {getattr(workload, 'name', '?')} declares unknown knobs "
+                            f"{unknown} in supports; known: {list(DECLARED)}")
+    return frozenset(names)
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:

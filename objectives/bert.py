@@ -66,6 +66,8 @@ class Bert:
     size: str = "base"
     name: str = "bert"
     default_micro_batch: int = 8  # Hugging Face Trainer's per-device default
+    supports: tuple[str, ...] = ("optimizer_impl", "compile", "attention",
+                                 "activation_checkpointing")
     _config: Any = field(default=None, repr=False)
 
     def config(self) -> Any:

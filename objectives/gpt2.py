@@ -46,6 +46,8 @@ class GPT2:
     size: str = "small"
     name: str = "gpt2"
     default_micro_batch: int = 8
+    supports: tuple[str, ...] = ("optimizer_impl", "compile", "attention",
+                                 "activation_checkpointing")
     _config: Any = field(default=None, repr=False)
 
     def config(self) -> Any:

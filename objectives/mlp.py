@@ -39,6 +39,7 @@ class MLP:
     classes: int = 10
     name: str = "mlp"
     default_micro_batch: int = 32
+    supports: tuple[str, ...] = ("optimizer_impl", "compile")
 
     def build_model(self) -> torch.nn.Module:
         import torch

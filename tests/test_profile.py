@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def test_v1_fixture_still_loads() -> None:
 def test_unknown_schema_names_both_versions(tmp_path: Path) -> None:
     data = make().to_dict() | {"schema": "autotune.profile/v9"}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ProfileError, match="'autotune.profile/v9'.*'autotune.profile/v1'"):
+    with pytest.raises(ProfileError, match="'autotune.profile/v9'.*'autotune.profile/v2'"):
         load_profile(tmp_path / "p.yaml")
 
 
@@ -91,10 +92,10 @@ def test_every_v1_fixture_loads_and_saves_back_unchanged(path: Path, tmp_path: P
 
 
 @pytest.mark.parametrize("schema, needle", [
-    ("autotune.profile/v2", "newer than this autotune reads .'autotune.profile/v1'.: upgrade"),
-    ("autotune.profile/v0", "older than this autotune reads .'autotune.profile/v1'.: re-export"),
+    ("autotune.profile/v3", "newer than this autotune reads .'autotune.profile/v2'.: upgrade"),
+    ("autotune.profile/v0", "older than this autotune reads .'autotune.profile/v2'.: re-export"),
     ("deepspeed.config/v1", "not an autotune profile schema; this autotune reads "
-                            "'autotune.profile/v1'"),
+                            "'autotune.profile/v2'"),
     (None, "None, which is not an autotune profile schema"),
 ])
 def test_other_schemas_are_refused_naming_both_versions(tmp_path: Path, schema: str | None,
@@ -249,3 +250,39 @@ def test_diff_and_summary_name_what_matters() -> None:
     for needle in ("32 per micro-batch x 2 accumulation x 2 rank(s) = 128", "9,000.00 samples/s",
                    "NCCL_ALGO=Tree NCCL_PROTO=Simple", "2 x NVIDIA H200", "speedup 1.5x"):
         assert needle in text, text
+
+
+def test_a_v1_profile_loads_with_the_model_knobs_at_their_baseline() -> None:
+    p = load_profile(FIXTURE, check_fingerprint=False)
+    assert (p.config.compile, p.config.optimizer_impl, p.config.matmul_precision,
+            p.config.attention, p.config.activation_checkpointing, p.config.cpu_threads) == \
+        ("off", "default", "highest", "default", False, 0)
+    assert p.optimizer_kwargs() == {} and p.attn_implementation is None
+    assert "torch_compile" not in p.hf_training_args()
+
+
+def test_the_model_knobs_reach_a_training_script_through_the_profile(tmp_path: Path) -> None:
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, TrainingArguments
+
+    tuned = Config(micro_batch_size=8, optimizer_impl="fused", compile="default",
+                   attention="eager", activation_checkpointing=True, cpu_threads=1)
+    p = replace(make(), config=tuned)
+    before = torch.get_num_threads()
+    try:
+        assert p.apply_torch_flags()["threads"] == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    model = BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=64))
+    prepared = p.prepare_model(model)
+    assert type(prepared).__name__ == "OptimizedModule"  # compiled, lazily: nothing ran yet
+    assert model.config._attn_implementation == "eager" and model.is_activation_checkpointing
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **p.optimizer_kwargs())
+    assert optimizer.param_groups[0]["fused"] is True
+    assert p.attn_implementation == "eager"
+    kwargs = p.hf_training_args()
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", **kwargs)
+    assert args.torch_compile and args.activation_checkpointing
+    assert str(args.optim.value) == "adamw_torch_fused"
+    assert kwargs["activation_checkpointing_kwargs"] == {"use_reentrant": False}

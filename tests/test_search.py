@@ -91,12 +91,14 @@ def _stage_until_done(space: NarrowedSpace, fits: Any, limit: float = 80 * GiB,
                       ) -> list[tuple[int, str]]:
     """Drive the staged start with an oracle: (micro, amp) -> peak bytes or None for an OOM."""
     baseline = Config(micro_batch_size=8)
-    obs: list[Observation] = [ok(8, fits(8, "off"))]
+    # Rates grow with the batch: a flat rate would stop the doubling (two flat doublings).
+    obs: list[Observation] = [ok(8, fits(8, "off"), rate=80.0)]
     ran = []
     while (p := staged_next(space, baseline, obs, MemoryModel(obs, "cuda", int(limit)))):
         c = p.config
         peak = fits(c.micro_batch_size, c.amp)
-        obs.append(ok(c.micro_batch_size, peak, c.amp) if peak is not None and peak <= limit
+        obs.append(ok(c.micro_batch_size, peak, c.amp, rate=10.0 * c.micro_batch_size)
+                   if peak is not None and peak <= limit
                    else oom(c.micro_batch_size, c.amp))
         ran.append((c.micro_batch_size, c.amp))
         assert len(ran) < 20

@@ -22,6 +22,18 @@ AMP_MODES = ("off", "fp16", "bf16")
 NCCL_ALGOS = {"Tree": (2, 4), "Ring": (0, 0), "CollNetDirect": (2, 14), "CollNetChain": (2, 14),
               "NVLS": (2, 17), "NVLSTree": (2, 18), "PAT": (2, 23)}
 NCCL_PROTOS = {"LL": (0, 0), "LL128": (2, 5), "Simple": (0, 0)}
+# torch.compile modes; "off" runs the model eagerly. reduce-overhead uses CUDA graphs.
+COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+# How the optimizer steps: "default" leaves it as the workload built it (torch then picks
+# foreach on CUDA, the for-loop on CPU).
+OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
+# fp32 matmuls: "highest" (IEEE fp32) or "high" (TF32 on NVIDIA GPUs of compute capability 8.0+).
+MATMUL_PRECISIONS = ("highest", "high")
+# The attention implementation of a transformers model; "default" is the model's own choice.
+ATTENTIONS = ("default", "eager", "sdpa", "flash_attention_2")
+# Knobs that change the model or its optimizer: searched only for a workload that declares them
+# in its ``supports`` (a user's model may not take them; it then keeps its own behaviour).
+DECLARED = ("optimizer_impl", "compile", "attention", "activation_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,12 @@ class Config:
     num_workers: int = 0
     pin_memory: bool = False
     prefetch_factor: int | None = None
+    optimizer_impl: str = "default"
+    compile: str = "off"
+    matmul_precision: str = "highest"
+    attention: str = "default"
+    activation_checkpointing: bool = False
+    cpu_threads: int = 0  # intra-op threads per rank; 0 leaves torch's own choice
     world_size: int = 1
 
     @property
@@ -67,6 +85,18 @@ class Config:
             parts.append(f"prefetch {self.prefetch_factor}")
         if self.pin_memory:
             parts.append("pinned")
+        if self.cpu_threads:
+            parts.append(f"threads {self.cpu_threads}")
+        if self.optimizer_impl != "default":
+            parts.append(f"optimizer {self.optimizer_impl}")
+        if self.compile != "off":
+            parts.append(f"compile {self.compile}")
+        if self.matmul_precision != "highest":
+            parts.append("tf32")
+        if self.attention != "default":
+            parts.append(f"attention {self.attention}")
+        if self.activation_checkpointing:
+            parts.append("checkpointing")
         if self.world_size > 1:
             parts.append(f"{self.world_size} ranks, bucket {self.ddp_bucket_cap_mb}MB")
             if self.ddp_gradient_as_bucket_view:
@@ -105,6 +135,17 @@ def _parse_amp(value: Any) -> str:
     if not isinstance(value, str) or value.lower() not in AMP_MODES:
         raise ValueError(f"must be one of {list(AMP_MODES)}, got {value!r}")
     return value.lower()
+
+
+def _one_of(values: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value is False and "off" in values:  # YAML 1.1 reads a bare `off` as False
+            return "off"
+        if not isinstance(value, str) or value not in values:
+            raise ValueError(f"must be one of {list(values)}, got {value!r}")
+        return value
+
+    return parse
 
 
 def _parse_bool(value: Any) -> bool:
@@ -209,6 +250,54 @@ def _workers_value(value: Any, hw: Hardware, world_size: int) -> str | None:
     return None
 
 
+def _compile_applies(hw: Hardware, world_size: int) -> str | None:
+    if hw.device == "cpu" and not hw.cpp_compiler:
+        return "torch.compile on a CPU needs a C++ compiler (none found: install g++)"
+    return None
+
+
+def _compile_value(value: Any, hw: Hardware, world_size: int) -> str | None:
+    if value == "reduce-overhead" and hw.device != "cuda":
+        return "reduce-overhead uses CUDA graphs (no CUDA GPU here)"
+    return None
+
+
+def _tf32_applies(hw: Hardware, world_size: int) -> str | None:
+    if hw.device != "cuda":
+        return "TF32 matmuls need an NVIDIA GPU (no CUDA GPU here)"
+    if not all(g.compute_capability >= (8, 0) for g in hw.gpus):
+        return "TF32 needs compute capability >= 8.0"
+    return None
+
+
+def _optimizer_value(value: Any, hw: Hardware, world_size: int) -> str | None:
+    if value == {"cpu": "for-loop", "cuda": "foreach"}.get(hw.device):
+        return f"what torch's default already does on this device ({hw.device})"
+    if value == "fused" and hw.device == "cpu" and _version(hw.torch_version) < (2, 4):
+        return f"a fused optimizer on the CPU needs torch >= 2.4 (this is {hw.torch_version})"
+    return None
+
+
+def _attention_value(value: Any, hw: Hardware, world_size: int) -> str | None:
+    if value == "flash_attention_2" and (hw.device != "cuda" or not hw.flash_attn):
+        return "flash_attention_2 needs a CUDA GPU and the flash-attn package"
+    return None
+
+
+def _threads_value(value: Any, hw: Hardware, world_size: int) -> str | None:
+    # torch's default: one thread per core, but torchrun sets OMP_NUM_THREADS=1 for several
+    # ranks per node.
+    if value and value == (hw.cpu_cores if world_size == 1 else 1):
+        return "torch's default here (0)"
+    if value * world_size > hw.cpu_cores:
+        return f"{value} threads x {world_size} rank(s) exceed the {hw.cpu_cores} CPU cores"
+    return None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
+
+
 @dataclass(frozen=True)
 class Knob:
     """One tunable setting: how to parse it, and when it (or one of its values) does not apply."""
@@ -257,6 +346,18 @@ KNOBS: dict[str, Knob] = {
         Knob("pin_memory", "DataLoader pin_memory", _parse_bool, applies=_needs_gpu),
         Knob("prefetch_factor", "batches each loader worker prepares ahead", _int_at_least(1),
              when=("num_workers", lambda workers: workers > 0, None)),
+        Knob("optimizer_impl", "optimizer step: default (as built), for-loop, foreach or fused",
+             _one_of(OPTIMIZER_IMPLS), value_ok=_optimizer_value),
+        Knob("compile", "torch.compile mode for the model, or off", _one_of(COMPILE_MODES),
+             applies=_compile_applies, value_ok=_compile_value),
+        Knob("matmul_precision", "fp32 matmuls: highest (IEEE) or high (TF32)",
+             _one_of(MATMUL_PRECISIONS), applies=_tf32_applies),
+        Knob("attention", "the model's attention implementation (transformers models)",
+             _one_of(ATTENTIONS), value_ok=_attention_value),
+        Knob("activation_checkpointing", "recompute activations in backward: less memory, "
+             "more compute", _parse_bool),
+        Knob("cpu_threads", "intra-op CPU threads per rank (torch.set_num_threads); 0: torch's "
+             "default", _int_at_least(0), value_ok=_threads_value),
     )
 }
 

@@ -8,13 +8,14 @@ reason, never silently searched.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autotune.config.knobs import KNOBS, Config
+from autotune.config.knobs import DECLARED, KNOBS, Config
 from autotune.errors import SpaceError, UsageError
 from autotune.paths import data_dir
 
@@ -297,9 +298,15 @@ def _divisor_choices(domain: Domain, per_rank: int, global_batch: int, world_siz
     why = (f"does not divide --global-batch {global_batch} / {world_size} rank(s) = {per_rank} "
            "samples per rank")
     keep = [v for v in values if per_rank % v == 0]
+    above = [v for v in values if v > per_rank]
     for v in values:
-        if per_rank % v:
+        if per_rank % v and v <= per_rank:
             removed.setdefault("micro_batch_size", []).append((v, why))
+    if above:  # the open-ended default space: one line, not a dozen
+        span = f"{above[0]}..{above[-1]}" if len(above) > 1 else above[0]
+        removed.setdefault("micro_batch_size", []).append(
+            (span, f"larger than the {per_rank} samples per rank of --global-batch "
+                   f"{global_batch} / {world_size} rank(s)"))
     if not keep:
         raise UsageError(f"no micro_batch_size in the search space divides --global-batch "
                          f"{global_batch} / {world_size} rank(s) = {per_rank}; pass a global "
@@ -317,11 +324,14 @@ def baseline_for_global_batch(default_micro: int, global_batch: int, world_size:
 
 
 def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config,
-           global_batch: int | None = None) -> NarrowedSpace:
+           global_batch: int | None = None, supports: Collection[str] = (),
+           workload: str = "the workload") -> NarrowedSpace:
     """Keep what this hardware can run; the baseline's values always stay in the space.
 
     With ``global_batch``, only micro-batch sizes that divide it (per rank) stay, and the
-    accumulation is derived from them. Raises UsageError when a knob loses every value it had.
+    accumulation is derived from them. The knobs that change the model or its optimizer
+    (``DECLARED``) are searched only when the workload names them in ``supports``. Raises
+    UsageError when a knob loses every value it had.
     """
     base = baseline.to_dict()
     searched: dict[str, Domain] = {}
@@ -345,6 +355,9 @@ def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config,
             fixed[name] = (base[name], f"not in search space {space.name}")
             continue
         why_not = knob.applies(hw, world_size)
+        if not why_not and name in DECLARED and name not in supports:
+            why_not = (f"{workload} does not declare it (a workload lists the model knobs it "
+                       "takes in `supports`)")
         if why_not:
             fixed[name] = (base[name], why_not)
             continue

@@ -54,6 +54,8 @@ class Hardware:
     nccl_version: str | None = None
     driver_version: str | None = None
     notes: tuple[str, ...] = field(default=())
+    cpp_compiler: str | None = None  # what torch.compile's CPU backend would build with
+    flash_attn: bool = False  # the flash-attn package is installed
 
     @property
     def supports_bf16(self) -> bool:
@@ -273,7 +275,19 @@ def detect() -> Hardware:
         nccl_version=nccl,
         driver_version=driver,
         notes=tuple(notes),
+        cpp_compiler=_cpp_compiler(),
+        flash_attn=importlib.util.find_spec("flash_attn") is not None,
     )
+
+
+def _cpp_compiler() -> str | None:
+    """The C++ compiler Inductor's CPU backend finds ($CXX, else g++ or clang++ on PATH)."""
+    import shutil
+
+    for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
 
 
 def describe_fingerprint(fp: dict[str, Any]) -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from autotune.machine.hardware import GPU, Hardware
 
 
-def fake_cpu(cores: int = 2, bf16: bool = True, memory_gib: int = 24) -> Hardware:
+def fake_cpu(cores: int = 2, bf16: bool = True, memory_gib: int = 24,
+             cpp_compiler: str | None = "/usr/bin/g++") -> Hardware:
     return Hardware(device="cpu", gpus=(), cpu_model="Fake CPU", cpu_cores=cores, cpu_bf16=bf16,
                     memory_total_bytes=memory_gib * 2**30,
-                    memory_available_bytes=(memory_gib - 2) * 2**30, torch_version="2.13.0")
+                    memory_available_bytes=(memory_gib - 2) * 2**30, torch_version="2.13.0",
+                    cpp_compiler=cpp_compiler)
 
 
 def fake_gpus(count: int = 1, name: str = "NVIDIA H200", memory_gib: int = 141,

@@ -41,6 +41,7 @@ class Tiny:
 
     name: str = "tiny"
     default_micro_batch: int = 4
+    supports: tuple[str, ...] = ("optimizer_impl", "compile")
 
     def build_model(self) -> torch.nn.Module:
         import torch
@@ -62,6 +63,28 @@ class Tiny:
 
     def flops_per_sample(self) -> float | None:
         return None
+
+
+class _SlowNumbers(_Numbers):
+    def __init__(self, item_s: float) -> None:
+        super().__init__()
+        self.item_s = item_s
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.item_s)  # the per-sample CPU work of a real pipeline, as a wait
+        return super().__getitem__(index)
+
+
+@dataclass
+class SlowData(Tiny):
+    """Each sample takes ``item_s`` to load: the step waits for data (input-bound) unless
+    loader workers prepare batches ahead."""
+
+    item_s: float = 0.005
+    name: str = "slowdata"
+
+    def build_dataset(self) -> _Numbers:
+        return _SlowNumbers(self.item_s)
 
 
 @dataclass
@@ -242,6 +265,10 @@ def orphan(pid_file: str = "orphan.pid", quick: bool = False) -> Orphan:
 
 def diverge(step_s: float = 0.05, from_batch: int = 8) -> Diverge:
     return Diverge(step_s=step_s, from_batch=from_batch)
+
+
+def slowdata(item_s: float = 0.005) -> SlowData:
+    return SlowData(item_s=item_s)
 
 
 def slow(step_s: float = 1.0, exponent: float = 0.0) -> Slow:

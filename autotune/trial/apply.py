@@ -54,3 +54,116 @@ def ddp_accepts(name: str) -> bool:
     from torch.nn.parallel import DistributedDataParallel
 
     return name in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+# -- the model, its optimizer and process-wide torch flags ----------------------------------------
+
+
+def set_torch_flags(config: Config) -> dict[str, Any]:
+    """Process-wide settings: intra-op threads (when the config sets them) and the precision of
+    fp32 matmuls. Call once, before building the model. Returns what is in force afterwards."""
+    import torch
+
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
+    tf32 = config.matmul_precision == "high"
+    matmul = getattr(getattr(torch.backends, "cuda", None), "matmul", None)
+    if matmul is not None and hasattr(matmul, "fp32_precision"):
+        # torch 2.9+: the per-backend setting; allow_tf32 and set_float32_matmul_precision are
+        # deprecated there.
+        matmul.fp32_precision = "tf32" if tf32 else "ieee"
+    else:
+        torch.set_float32_matmul_precision(config.matmul_precision)
+    return torch_flags_in_force()
+
+
+def torch_flags_in_force() -> dict[str, Any]:
+    """The threads and fp32 matmul precision this process runs with now."""
+    import torch
+
+    matmul = getattr(getattr(torch.backends, "cuda", None), "matmul", None)
+    precision = getattr(matmul, "fp32_precision", None) if matmul is not None else None
+    return {"threads": torch.get_num_threads(),
+            "matmul_precision": "high" if precision == "tf32" or (
+                precision is None and torch.get_float32_matmul_precision() != "highest")
+            else "highest"}
+
+
+def prepare_model(model: Any, config: Config) -> Any:
+    """The attention implementation and activation checkpointing a config sets, applied to a
+    transformers model (or one with the same two methods); the model itself is returned.
+    Compile comes after (``compile_model``), around DDP when there is one."""
+    if config.attention != "default":
+        setter = getattr(model, "set_attn_implementation", None)
+        if setter is None:
+            raise ValueError(f"attention={config.attention} needs a transformers model "
+                             f"(set_attn_implementation); {type(model).__name__} has none")
+        setter(config.attention)
+    if config.activation_checkpointing:
+        # Non-reentrant: what torch recommends, and it needs no input that requires grad.
+        # transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_*.
+        for prefix in ("activation", "gradient"):
+            enable = getattr(model, f"{prefix}_checkpointing_enable", None)
+            if enable is not None:
+                enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
+                break
+        else:
+            raise ValueError("activation_checkpointing needs a model with "
+                             f"gradient_checkpointing_enable(); {type(model).__name__} has none")
+    return model
+
+
+def compile_model(model: Any, config: Config) -> Any:
+    """``torch.compile(model, mode=...)`` for a config that compiles, else the model as is."""
+    if config.compile == "off":
+        return model
+    import torch
+
+    return torch.compile(model, mode=None if config.compile == "default" else config.compile)
+
+
+def optimizer_kwargs(config: Config) -> dict[str, Any]:
+    """Keyword arguments a torch optimizer takes for the config's implementation: ``{}`` for
+    the default, ``foreach`` or ``fused`` otherwise."""
+    return {"default": {}, "for-loop": {"foreach": False, "fused": False},
+            "foreach": {"foreach": True, "fused": False},
+            "fused": {"foreach": False, "fused": True}}[config.optimizer_impl]
+
+
+def rebuild_optimizer(optimizer: Any, config: Config) -> Any:
+    """The same optimizer (class, parameter groups, hyperparameters) with the config's
+    implementation; before its first step. A class whose constructor takes no ``foreach`` /
+    ``fused`` is refused with the reason."""
+    import inspect
+
+    kwargs = optimizer_kwargs(config)
+    if not kwargs:
+        return optimizer
+    cls = type(optimizer)
+    takes = inspect.signature(cls.__init__).parameters
+    missing = [k for k, v in kwargs.items() if v and k not in takes]
+    if missing:
+        raise ValueError(f"optimizer_impl={config.optimizer_impl}: {cls.__name__} takes no "
+                         f"{missing[0]} argument")
+    kwargs = {k: v for k, v in kwargs.items() if k in takes}
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in takes}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"], **kwargs}
+              for g in optimizer.param_groups]
+    return cls(groups, **{**defaults, **kwargs})
+
+
+def optimizer_in_force(optimizer: Any) -> dict[str, Any]:
+    """How the optimizer will step: its class and the foreach/fused flags of its groups (None:
+    torch decides at the first step; on CUDA it picks foreach, on the CPU the for-loop)."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    return {"class": type(optimizer).__name__, "foreach": group.get("foreach"),
+            "fused": group.get("fused")}
+
+
+def model_in_force(model: Any) -> dict[str, Any]:
+    """The attention implementation and checkpointing the model runs with."""
+    cfg = getattr(model, "config", None)
+    return {"attention": getattr(cfg, "_attn_implementation", None),
+            "activation_checkpointing": bool(getattr(
+                model, "is_activation_checkpointing",
+                getattr(model, "is_gradient_checkpointing", False)))}

@@ -62,6 +62,7 @@ TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit
 TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its budget
 MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
 PRUNED = "pruned"  # the tuner stopped it: its first windows were clearly below the best
+COMPILE_LIMIT = "compile_limit"  # torch.compile ran past its own time limit in the trial
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -122,6 +123,11 @@ class Measurement:
     flops_source: str | None = None
     mfu: float | None = None
     peak_tflops: float | None = None
+    # What took effect in the trial, read back from torch, the model and the optimizer
+    # (threads, matmul precision, attention, checkpointing, optimizer flags, compiled), and
+    # what compiling cost (mode, first step, seconds beyond a steady step).
+    applied: dict[str, Any] = field(default_factory=dict)
+    compile: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_result(self) -> bool:
@@ -277,13 +283,19 @@ def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
     if problems:
         return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
     status = doc["status"]
+    common = {**common, "applied": dict(doc.get("applied") or {}),
+              "compile": dict(doc.get("compile") or {})}
     if status != "ok":
         rough = doc.get("first_step_samples_per_sec")
+        timings = doc.get("timings") or {}
+        ended = None
+        if status == "timeout":
+            ended = COMPILE_LIMIT if doc.get("ended_by") == COMPILE_LIMIT else TOO_SLOW
         return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
-                           windows=doc.get("windows") or [], timings=doc.get("timings") or {},
+                           windows=doc.get("windows") or [], timings=timings,
                            warmup=doc.get("warmup") or {},
                            rough_samples_per_sec=rough if isinstance(rough, float) else None,
-                           ended_by=TOO_SLOW if status == "timeout" else None, **common)
+                           ended_by=ended, **common)
     med, cv, shares = window_stats(doc["windows"])
     limit = raw.memory_limit_bytes
     if limit and peak > limit:

@@ -76,14 +76,15 @@ def _pgid(pid: int) -> int | None:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def adopt_orphans() -> bool:
-    """Have Linux re-parent this process's orphaned descendants to it instead of to init
+def adopt_orphans(on: bool = True) -> bool:
+    """While on, Linux re-parents this process's orphaned descendants to it instead of to init
     (PR_SET_CHILD_SUBREAPER): a trial's process whose parent exits before the tree was looked
-    at stays findable, as a child of this process. Whether it is in effect."""
+    at stays findable, as a child of this process. Whether the call took effect."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -139,7 +140,8 @@ class Tree:
 
     def kill(self) -> list[int]:
         """SIGKILL every seen process still alive; returns those that were. Adopted ones are
-        then reaped here, as their parent now."""
+        then reaped here, as their parent now, and adopting ends: only a trial's orphans are
+        taken in (others, a browser's helpers say, would stay as zombies here)."""
         self.look()
         found = self.alive()
         for q in found:
@@ -150,6 +152,8 @@ class Tree:
         for pid in adopted:
             with contextlib.suppress(ChildProcessError):
                 _reap(pid)
+        if self.adopting:
+            adopt_orphans(False)
         return [q.pid for q in found]
 
 

@@ -38,6 +38,9 @@ class MeasureSettings:
     warmup_min_steps: int = 2
     warmup_max_steps: int = 8
     warmup_tolerance: float = 0.15
+    # A config that compiles (torch.compile) gets its first optimizer step, where compilation
+    # happens, before warm-up and outside the measuring budget, and at most this long.
+    max_compile_s: float = 120.0
     # All-reduce on every micro-step instead of only the last (no no_sync): for benchmarks that
     # show what no_sync gains; never searched.
     sync_each_micro: bool = False

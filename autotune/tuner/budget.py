@@ -167,6 +167,13 @@ def startup_seconds(startups: Sequence[float], trial_timeout_s: float) -> float:
     return 1.5 * statistics.median(startups) + 2.0
 
 
+def compile_seconds(costs: Sequence[float], limit_s: float) -> float:
+    """What compiling a config will cost: a fifth more than the longest compile the study saw
+    (a cached graph compiles faster, a new one not), never above the compile limit; the limit
+    itself before any config compiled."""
+    return min(1.2 * max(costs), limit_s) if costs else limit_s
+
+
 @dataclass(frozen=True)
 class TrialBudget:
     """What a trial gets: its measuring settings (``max_seconds`` raised and ``max_windows``

@@ -4,7 +4,8 @@ reads a storage through ``storage.py``); the running lives in runner.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import Config, env_for
 from autotune.machine.probe import peak_for
 from autotune.profile import Profile
-from autotune.tuner.diagnosis import MemoryWall, config_key, diagnose, mfu
+from autotune.tuner.diagnosis import Finding, MemoryWall, config_key, diagnose, mfu
 from autotune.tuner.search import NO_WIN, Observation
 
 
@@ -110,8 +111,17 @@ def startup_of(t: FrozenTrial) -> float | None:
     timings = m.get("timings") or {}
     if "measure_s" not in timings:
         return None
-    measuring = float(timings.get("warmup_s", 0.0)) + float(timings["measure_s"])
+    # Compiling is not start-up: only compiled configs pay it (``compile_costs``).
+    measuring = float(timings.get("warmup_s", 0.0)) + float(timings["measure_s"]) + float(
+        timings.get("compile_step_s", 0.0))
     return max(float(m.get("wall_s") or 0.0) - measuring, 0.0)
+
+
+def compile_costs(trials: list[FrozenTrial]) -> list[float]:
+    """Seconds of each measured trial's compiling step (compiled configs only)."""
+    found = ((t.user_attrs.get("measurement") or {}).get("timings", {}).get("compile_step_s")
+             for t in measured(trials))
+    return [float(s) for s in found if isinstance(s, int | float)]
 
 
 def startup_costs(trials: list[FrozenTrial]) -> list[float]:
@@ -126,6 +136,18 @@ def shortest_useful_trial(trials: list[FrozenTrial]) -> float:
                    if t.user_attrs.get("status") == "ok"
                    and t.user_attrs.get("reused_from") is None)
     return max(5.0, 0.5 * walls[len(walls) // 2]) if walls else 5.0
+
+
+def diagnose_trial(study: optuna.Study, trials: list[FrozenTrial], t: FrozenTrial,
+                   limit: int) -> list[Finding]:
+    """What limits trial ``t``'s config, from its stored measurement (with the MFU the tuner
+    computed), the study's probe and what the study measured around it."""
+    config = Config.from_dict(t.user_attrs["config"])
+    return diagnose(t.user_attrs["measurement"], config,
+                    device=study.user_attrs["fingerprint"].get("device", "cpu"), limit=limit,
+                    probe=study.user_attrs.get("probe"),
+                    larger_over_limit=larger_over_limit(trials, config, limit),
+                    tried=tried(trials))
 
 
 def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
@@ -238,7 +260,50 @@ def _result_block(best: FrozenTrial, config: Config, trials: list[FrozenTrial],
     if m.get("ranks"):
         result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
                            for r in m["ranks"]]
+    if m.get("applied"):
+        result["applied"] = m["applied"]
+    payback = compile_payback(trials, best)
+    if payback is not None:
+        result["compile"] = payback
     return result
+
+
+def compile_payback(trials: list[FrozenTrial], t: FrozenTrial) -> dict[str, Any] | None:
+    """For a compiled trial: what compiling cost, and after how many optimizer steps it pays
+    for itself against the same config run eagerly, when the study measured that one (None
+    for a trial that did not compile)."""
+    m = t.user_attrs.get("measurement") or {}
+    compiled = m.get("compile") or {}
+    if not compiled or not m.get("samples_per_sec"):
+        return None
+    config = Config.from_dict(t.user_attrs["config"])
+    eager_key = config_key(replace(config, compile="off"))
+    eager = next((e for e in measured(trials) if e.user_attrs.get("status") == "ok"
+                  and config_key(Config.from_dict(e.user_attrs["config"])) == eager_key), None)
+    out: dict[str, Any] = {"mode": compiled.get("mode"),
+                           "seconds": round(float(compiled.get("seconds", 0.0)), 2)}
+    if eager is not None:
+        step_on = config.samples_per_step / float(m["samples_per_sec"])
+        step_off = config.samples_per_step / float(eager.user_attrs["measurement"]
+                                                   ["samples_per_sec"])
+        saved = step_off - step_on
+        out.update(against_trial=eager.number, step_s=round(step_on, 4),
+                   eager_step_s=round(step_off, 4),
+                   payback_steps=math.ceil(round(out["seconds"] / saved, 6))
+                   if saved > 0 else None)
+    return out
+
+
+def payback_words(payback: dict[str, Any]) -> str:
+    """``compile default: 38.5s, pays for itself after 120 steps (against trial 4)``."""
+    head = f"compile {payback.get('mode')}: {payback.get('seconds')}s"
+    if "against_trial" not in payback:
+        return head + " (no eager run of the same config to compare)"
+    steps = payback.get("payback_steps")
+    if steps is None:
+        return head + f", never pays: no faster than eager (trial {payback['against_trial']})"
+    return head + f", pays for itself after {steps} steps (against trial " \
+        f"{payback['against_trial']})"
 
 
 def _baseline_block(baseline: FrozenTrial | None, m: dict[str, Any], config: Config,

@@ -33,14 +33,16 @@ from autotune.paths import study_folder
 from autotune.profile import Profile
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner import budget, claims, confirm, fleet, options, record, storage
+from autotune.tuner import budget, claims, confirm, fleet, options, record, stages, storage
 from autotune.tuner.measure import Measurer
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
 from autotune.tuner.results import (
     TrialView,
+    compile_costs,
     confirmed,
     confirmed_winner,
+    diagnose_trial,
     measured,
     observations,
     pick_baseline,
@@ -52,13 +54,15 @@ from autotune.tuner.results import (
 )
 from autotune.tuner.search import (
     MemoryModel,
+    Observation,
+    Proposal,
     noise_of,
     since_improvement,
     staged_next,
 )
 from autotune.tuner.study import Identity, default_name, open_study
 from autotune.units import format_duration
-from autotune.workloads import WorkloadSpec, resolve
+from autotune.workloads import WorkloadSpec, declared_knobs, resolve
 
 __all__ = ["Interrupted", "Reporter", "RunOptions", "RunSummary", "Runner", "StartInfo", "run"]
 
@@ -86,7 +90,8 @@ class Runner:
             baseline_for_global_batch(workload.default_micro_batch, opts.global_batch,
                                       self.world)
         self.space = narrow(load_space(opts.space), hw, self.world, self.baseline,
-                            opts.global_batch)
+                            opts.global_batch, supports=declared_knobs(workload),
+                            workload=f"workload {self.workload_name}")
         self.storage_url = opts.storage_url
         self.study_name = opts.study_name or default_name(self.workload_name,
                                                           self.workload_spec, self.space, hw)
@@ -223,18 +228,37 @@ class Runner:
             return any(t.user_attrs.get("stage") or t.user_attrs.get("baseline")
                        for t in waiting)
         obs = observations(trials)
-        proposal = staged_next(
-            self.space, self.baseline, obs, self._memory_model(obs),
-            too_slow=lambda c: self._trial_budget(c, None, trials).too_slow is not None)
-        if proposal is None:
-            return False
+        model = self._memory_model(obs)
+
+        def too_slow(c: Config) -> bool:
+            return self._trial_budget(c, None, trials).too_slow is not None
+
         running = [t.user_attrs.get("config") for t in
                    self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        proposal = staged_next(self.space, self.baseline, obs, model, too_slow=too_slow) \
+            or self._diagnosis_stage(trials, obs, running,
+                                     lambda c: model.verdict(c) is not None or too_slow(c))
+        if proposal is None:
+            return False
         if proposal.config.to_dict() in running:
             return True  # another worker measures it now; this one samples meanwhile
         self.study.enqueue_trial(self.space.params_for(proposal.config),
                                  user_attrs={"stage": proposal.stage})
         return True
+
+    def _diagnosis_stage(self, trials: list[FrozenTrial], obs: list[Observation],
+                         running: list[Any], ruled_out: Callable[[Config], bool],
+                         ) -> Proposal | None:
+        """After the staged start: the next change that addresses what limits the incumbent
+        (``tuner.stages``), diagnosed again from the study as it stands."""
+        best = pick_best(trials, self.limit)
+        if best is None:
+            return None
+        findings = diagnose_trial(self.study, trials, best, self.limit)
+        tried = {stages.key(o.config) for o in obs} | {
+            stages.key(Config.from_dict(c)) for c in running if c}
+        return stages.diagnosis_next(self.space, Config.from_dict(best.user_attrs["config"]),
+                                     [f.to_dict() for f in findings], tried, ruled_out)
 
     # -- one trial ------------------------------------------------------------------------------
 
@@ -298,6 +322,10 @@ class Runner:
         (``remaining``: seconds left for the search; None: judge the config alone)."""
         if trials is None:
             trials = recorded(self.study)
+        if remaining is not None and config.compile != "off":
+            # Compiling comes before the measuring, outside the trial timeout (its own limit).
+            remaining -= budget.compile_seconds(compile_costs(trials),
+                                                self.opts.measure.max_compile_s)
         return budget.plan_trial(
             config, budget.StepTimeModel(observations(trials)), self.opts.measure,
             trial_timeout_s=self.opts.trial_timeout_s,
@@ -329,8 +357,11 @@ class Runner:
                        remaining: float | None, settings: MeasureSettings) -> Measurement:
         """Run the trial's process with ``settings`` (the search's, or a longer measuring
         budget its steps need); a trial the run's --timeout cut short is no result."""
-        cut = remaining is not None and remaining < self.opts.trial_timeout_s
-        timeout = max(1.0, min(self.opts.trial_timeout_s, remaining or math.inf))
+        # A compiled config gets its compile limit on top of the trial timeout.
+        hard = self.opts.trial_timeout_s + (
+            self.opts.measure.max_compile_s if config.compile != "off" else 0.0)
+        cut = remaining is not None and remaining < hard
+        timeout = max(1.0, min(hard, remaining or math.inf))
         self.reporter.trial_started(trial.number, index, self.opts.trials, config, is_baseline,
                                     timeout)
         # The search's settings identify how it was measured (twins match on them); a longer

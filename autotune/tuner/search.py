@@ -40,7 +40,10 @@ PATIENCE = 10
 
 # Knobs that change peak memory besides the micro-batch. On CPU the trial's process tree is
 # measured, so loader workers (separate processes) and their prefetched batches count too.
-_MEMORY_KNOBS = ("amp", "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "world_size")
+# Checkpointing trades memory for compute; compiling fuses kernels (fewer intermediates) and
+# attention implementations differ in what they keep: each value has its own line.
+_MEMORY_KNOBS = ("amp", "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "world_size",
+                 "activation_checkpointing", "compile", "attention")
 _HOST_MEMORY_KNOBS = ("num_workers", "prefetch_factor")
 
 
@@ -194,14 +197,20 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     if len(values) < 2:
         return None
     start = _nearest(values, baseline.micro_batch_size)
+    noise = noise_of(observations)
     for amp in precisions(space, baseline):
         line = space.variant(baseline, amp=amp)
         seen: dict[int, bool] = {}
+        rates: dict[int, float] = {}
         for o in observations:
             if _on_line(o.config, line):
                 micro = o.config.micro_batch_size
                 seen[micro] = seen.get(micro, False) or o.fits
+                if o.fits and o.status == "ok" and o.samples_per_sec:
+                    rates[micro] = max(rates.get(micro, 0.0), o.samples_per_sec)
         while (nxt := _next_micro(values, seen, start)) is not None:
+            if _gains_flat(rates, noise) and nxt > max(rates):
+                break  # two doublings gained less than the noise: larger ones will not pay
             config = space.variant(line, micro_batch_size=nxt)
             if model.verdict(config) or (too_slow is not None and too_slow(config)):
                 seen[nxt] = False  # ruled out by a model: no trial needed
@@ -210,6 +219,17 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
             return Proposal(config, f"staged: {what}")
         start = max((m for m, fits in seen.items() if fits), default=start)
     return None
+
+
+def _gains_flat(rates: dict[int, float], noise: float) -> bool:
+    """Whether the last two doublings of the micro-batch each gained less than the noise (the
+    micro-batch is no longer what limits the rate: the open-ended space stops growing here)."""
+    sizes = sorted(rates)
+    if len(sizes) < 3:
+        return False
+    a, b, c = sizes[-3:]
+    return b == 2 * a and c == 2 * b and rates[b] < rates[a] * (1 + noise) \
+        and rates[c] < rates[b] * (1 + noise)
 
 
 def _nearest(values: list[int], target: int) -> int:

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -35,7 +36,7 @@ from typing import Any
 from autotune.errors import one_line
 from autotune.trial.bench.process import Progress, tie_to_tuner, write_json
 from autotune.trial.bench.ranks import Ranks
-from autotune.trial.measurement import RESULT_SCHEMA, is_oom
+from autotune.trial.measurement import COMPILE_LIMIT, RESULT_SCHEMA, is_oom
 from autotune.trial.merge import merge_ranks
 from autotune.trial.spec import TrialSpec
 
@@ -90,6 +91,14 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
     trainer = build(spec, device, ranks, result, memory)
     timings["build_s"] = time.time() - t0
     progress.emit("built", build_s=timings["build_s"])
+    if spec.config.compile != "off":
+        compiled = _compile_step(trainer, spec, progress)
+        if compiled is None:
+            result.update(status="timeout", ended_by=COMPILE_LIMIT)
+            result["reason"] = (f"compiling (torch.compile mode {spec.config.compile}) took more "
+                                f"than the {settings.max_compile_s:.0f}s compile limit")
+            return
+        timings["compile_step_s"] = compiled
     t_warm = time.time()
     try:
         warm = warm_up(trainer, settings, progress)
@@ -103,6 +112,11 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
     timings["warmup_s"] = time.time() - t_warm
     result["warmup"] = {"steps": len(warm.step_times), "seconds": timings["warmup_s"],
                         "ended_by": warm.ended_by, "step_times_s": warm.step_times}
+    if "compile_step_s" in timings:
+        # What compiling cost: the first step beyond a steady one.
+        first, steady = timings["compile_step_s"], warm.step_times[-1]
+        result["compile"] = {"mode": spec.config.compile, "first_step_s": first,
+                             "seconds": max(0.0, first - steady), "steady_step_s": steady}
     if trainer.comm is not None:
         trainer.comm.take_wait()  # warm-up's communication is not part of any window
     t_measure = time.time()
@@ -121,6 +135,41 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
                           "sync_each_micro": settings.sync_each_micro}
     result.update(flops_for(spec, trainer.workload, trainer.module, trainer.dataset, device,
                             trainer.amp_dtype))
+
+
+class _CompileLimit(Exception):
+    pass
+
+
+def _compile_step(trainer: Any, spec: TrialSpec, progress: Progress) -> float | None:
+    """One optimizer step, in which torch.compile compiles forward and backward, bounded by
+    ``max_compile_s`` (a timer interrupts a compile that runs longer); its seconds, or None
+    when it ran out of time. Every rank compiles; they agree on the slowest."""
+
+    ran_out: list[bool] = []
+
+    def expired(signum: int, frame: Any) -> None:
+        ran_out.append(True)
+        raise _CompileLimit  # torch.compile may wrap it in its own error: ``ran_out`` tells
+
+    limit = spec.measure.max_compile_s
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    t = time.perf_counter()
+    try:
+        trainer.sync()
+        trainer.step()
+        trainer.sync()
+    except Exception:
+        if ran_out:
+            return None
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    (seconds,) = trainer.ranks.agree(time.perf_counter() - t)
+    progress.emit("compiled", seconds=seconds)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:

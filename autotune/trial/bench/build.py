@@ -11,7 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config.knobs import Config
-from autotune.trial.apply import autocast_dtype, ddp_kwargs, loader_kwargs, uses_grad_scaler
+from autotune.trial.apply import (
+    autocast_dtype,
+    compile_model,
+    ddp_kwargs,
+    loader_kwargs,
+    model_in_force,
+    optimizer_in_force,
+    prepare_model,
+    rebuild_optimizer,
+    set_torch_flags,
+    uses_grad_scaler,
+)
 from autotune.trial.bench.device import Memory, endless, to_device
 from autotune.trial.bench.ranks import CommTimer, Ranks
 from autotune.trial.spec import TrialSpec
@@ -106,11 +117,17 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
                 min(1.0, spec.memory_limit_bytes / total), device)
         memory.reset()  # after set_device: it needs the CUDA context that creates
     result["backend"] = ranks.start(device)
+    # What took effect, read back from torch, the model and the optimizer (not the config).
+    applied = result["applied"] = set_torch_flags(spec.config)
     workload = resolve(spec.workload.spec, spec.workload.params)
-    module = workload.build_model().to(device)
+    module = prepare_model(workload.build_model(), spec.config).to(device)
     module.train()
-    optimizer = workload.build_optimizer(module)
+    optimizer = rebuild_optimizer(workload.build_optimizer(module), spec.config)
     model, comm = _distributed(module, spec, device, ranks, result)
+    model = compile_model(model, spec.config)
+    applied.update(model_in_force(module), optimizer=optimizer_in_force(optimizer),
+                   compiled=spec.config.compile
+                   if type(model).__name__ == "OptimizedModule" else "off")
     dataset = workload.build_dataset()
     loader, sampler = _loader(workload, dataset, spec.config, device, ranks)
     return Trainer(

@@ -1,0 +1,130 @@
+"""The search led by what limits the incumbent: after the staged start (micro-batch x precision),
+the knobs that address the incumbent's diagnosis, one change at a time, before TPE takes over.
+
+  input-bound          -> loader workers, prefetch, pinned memory, CPU threads
+  low MFU / compute    -> fused optimizer, torch.compile, TF32, the attention implementation
+  memory-bound         -> activation checkpointing, then a larger micro-batch with it
+  communication-bound  -> bucket size, gradient views, static graph, NCCL algorithm/protocol
+
+The diagnosis is read again after every trial (a change that wins becomes the incumbent, and its
+own diagnosis leads on), so the stages read as a story: "input-bound at 72% data wait ->
+num_workers 2". Pure functions over what the study has measured; the runner queues the proposals.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from autotune.config.knobs import Config
+from autotune.config.space import Choices, NarrowedSpace
+from autotune.tuner.search import Proposal
+
+# What addresses each kind of finding, in the order it is tried.
+REMEDIES: dict[str, tuple[str, ...]] = {
+    "input-bound": ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads"),
+    "low-mfu": ("optimizer_impl", "compile", "matmul_precision", "attention"),
+    "compute-bound": ("optimizer_impl", "compile", "matmul_precision", "attention"),
+    "memory-bound": ("activation_checkpointing",),
+    "communication-bound": ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
+                            "ddp_static_graph", "nccl_algo", "nccl_proto"),
+}
+# The values of a knob in the order worth trying (the most likely win first); values a space
+# searches but this does not name come after, in the space's order.
+PREFERRED: dict[str, tuple[Any, ...]] = {
+    "optimizer_impl": ("fused", "foreach", "for-loop"),
+    "compile": ("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
+    "attention": ("sdpa", "flash_attention_2", "eager"),
+    "matmul_precision": ("high",),
+    "pin_memory": (True,),
+    "prefetch_factor": (4,),
+    "activation_checkpointing": (True,),
+    "ddp_gradient_as_bucket_view": (True,),
+    "ddp_static_graph": (True,),
+}
+
+
+def headline(kind: str, evidence: Mapping[str, Any]) -> str:
+    """The finding in a few words, with the number that made it."""
+    def pct(key: str) -> str:
+        value = evidence.get(key)
+        return f"{100 * value:.0f}%" if isinstance(value, int | float) else "?"
+
+    return {
+        "input-bound": f"input-bound at {pct('data_wait_share')} data wait",
+        "communication-bound": f"communication-bound at {pct('comm_wait_share')} all-reduce wait",
+        "memory-bound": f"memory-bound at {pct('share')} of the limit",
+        "low-mfu": f"low MFU at {pct('mfu')}",
+        "compute-bound": f"compute-bound at MFU {pct('mfu')}",
+    }.get(kind, kind)
+
+
+# Knobs whose remedy is one direction only: turning checkpointing off does not address memory.
+ONE_WAY = ("pin_memory", "activation_checkpointing", "ddp_gradient_as_bucket_view",
+           "ddp_static_graph", "matmul_precision")
+
+
+def _values(knob: str, domain: Choices, current: Any) -> list[Any]:
+    first = [v for v in PREFERRED.get(knob, ()) if v in domain.values]
+    rest = [] if knob in ONE_WAY else [v for v in domain.values if v not in first]
+    if knob in ("num_workers", "cpu_threads", "ddp_bucket_cap_mb"):
+        # Counts: more first from where the incumbent stands, then fewer.
+        rest = sorted(v for v in rest if v > current) + sorted(
+            (v for v in rest if v < current), reverse=True)
+    return [v for v in first + rest if v != current]
+
+
+def key(config: Config) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def diagnosis_next(space: NarrowedSpace, incumbent: Config,
+                   findings: Iterable[Mapping[str, Any]], tried: set[str],
+                   ruled_out: Callable[[Config], bool]) -> Proposal | None:
+    """The next one-knob change of ``incumbent`` that addresses its findings (``Finding.to_dict``
+    forms, in the diagnosis's order) and has not been measured (``tried``: ``key`` of every
+    config the study ran or queued) nor is ``ruled_out`` (predicted OOM or too slow). None
+    when every remedy the space allows was tried: the stage is over."""
+    for finding in findings:
+        kind = str(finding.get("kind"))
+        words = headline(kind, finding.get("evidence") or {})
+        for knob in REMEDIES.get(kind, ()):
+            domain = space.searched.get(knob)
+            if not isinstance(domain, Choices):
+                continue
+            for value in _values(knob, domain, getattr(incumbent, knob)):
+                config = space.variant(incumbent, **{knob: value})
+                if config == incumbent or key(config) in tried or ruled_out(config):
+                    continue
+                return Proposal(config, f"diagnosis: {words} -> {knob} {_show(value)}")
+        if kind == "memory-bound" and incumbent.activation_checkpointing:
+            larger = _larger_micro(space, incumbent)
+            if larger is not None and key(larger) not in tried and not ruled_out(larger):
+                return Proposal(larger, f"diagnosis: {words} -> micro-batch "
+                                        f"{larger.micro_batch_size} with checkpointing")
+    return None
+
+
+def _larger_micro(space: NarrowedSpace, incumbent: Config) -> Config | None:
+    domain = space.searched.get("micro_batch_size")
+    if not isinstance(domain, Choices):
+        return None
+    bigger = sorted(v for v in domain.values if v > incumbent.micro_batch_size)
+    return space.variant(incumbent, micro_batch_size=bigger[0]) if bigger else None
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def story(stages: Sequence[tuple[str, float | None]]) -> list[str]:
+    """Lines for the console and the dashboard: each diagnosis-led trial's stage and the speedup
+    it measured over the baseline (``(stage, speedup)``)."""
+    out = []
+    for stage, speedup in stages:
+        if not stage.startswith("diagnosis: "):
+            continue
+        told = stage.removeprefix("diagnosis: ")
+        out.append(f"{told}: {speedup:.2f}x" if speedup is not None else f"{told}: no result")
+    return out

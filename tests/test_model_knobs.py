@@ -1,0 +1,155 @@
+"""The model and process knobs (compile, optimizer implementation, matmul precision, attention,
+activation checkpointing, CPU threads): narrowed with reasons, applied in real trial processes,
+and what took effect read back from torch, the model and the optimizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.config.knobs import DECLARED, Config
+from autotune.config.space import load_space, narrow
+from autotune.errors import WorkloadError
+from autotune.testing.hardware import fake_cpu, fake_gpus
+from autotune.trial.launch import execute, plan
+from autotune.trial.measurement import COMPILE_LIMIT, classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec, declared_knobs, resolve
+
+QUICK = MeasureSettings(min_window_s=0.1, max_seconds=4, target_cv=0.5, min_windows=2)
+
+
+def _trial(tmp_path: Path, spec: str, params: dict, config: Config,
+           measure: MeasureSettings = QUICK, env: dict[str, str] | None = None):  # noqa: ANN202
+    p = plan(TrialSpec(WorkloadSpec(spec, params), config, device="cpu", measure=measure),
+             workdir=tmp_path / "t", timeout_s=240, extra_env=env)
+    raw = execute(p)
+    return raw, classify(raw)
+
+
+def test_model_knobs_are_searched_only_where_they_apply_and_are_declared() -> None:
+    space = load_space("default")
+    everything = narrow(space, fake_cpu(), 1, Config(), supports=DECLARED, workload="workload x")
+    for knob in ("optimizer_impl", "compile", "attention", "activation_checkpointing",
+                 "cpu_threads"):
+        assert knob in everything.searched, knob
+    assert everything.fixed["matmul_precision"] == (
+        "highest", "TF32 matmuls need an NVIDIA GPU (no CUDA GPU here)")
+    dropped = dict(everything.removed["compile"])
+    assert dropped["reduce-overhead"] == "reduce-overhead uses CUDA graphs (no CUDA GPU here)"
+    assert "for-loop" in dict(everything.removed["optimizer_impl"])  # the CPU's default
+    assert 2 in dict(everything.removed["cpu_threads"])  # torch's default on 2 cores
+    undeclared = narrow(space, fake_cpu(), 1, Config(), workload="workload x")
+    for knob in DECLARED:
+        value, why = undeclared.fixed[knob]
+        assert value == getattr(Config(), knob)
+        assert why.startswith("workload x does not declare it"), why
+    no_compiler = narrow(space, fake_cpu(cpp_compiler=None), 1, Config(), supports=DECLARED)
+    assert "needs a C++ compiler" in no_compiler.fixed["compile"][1]
+    gpu = narrow(space, fake_gpus(1), 1, Config(), supports=DECLARED)
+    assert gpu.searched["matmul_precision"].values == ("highest", "high")  # type: ignore[union-attr]
+    assert "reduce-overhead" in gpu.searched["compile"].values  # type: ignore[union-attr]
+
+
+def test_a_workloads_supports_is_checked() -> None:
+    assert declared_knobs(resolve("bert", {})) == frozenset(DECLARED)
+    assert declared_knobs(resolve("mlp", {})) == {"optimizer_impl", "compile"}
+
+    class Typo:
+        name = "typo"
+        supports = ("compiel",)
+
+    with pytest.raises(WorkloadError, match="unknown knobs"):
+        declared_knobs(Typo())
+
+
+def test_what_a_trial_applied_is_read_back_from_the_trial_process(tmp_path: Path) -> None:
+    config = Config(micro_batch_size=4, optimizer_impl="fused", attention="eager",
+                    activation_checkpointing=True, cpu_threads=1)
+    raw, m = _trial(tmp_path, "bert", {"size": "tiny", "seq_len": 16}, config)
+    assert m.ok, raw.stderr_tail[-2000:]
+    assert m.applied["threads"] == 1
+    assert m.applied["attention"] == "eager"
+    assert m.applied["activation_checkpointing"] is True
+    assert m.applied["optimizer"] == {"class": "AdamW", "foreach": False, "fused": True}
+    assert m.applied["compiled"] == "off" and m.applied["matmul_precision"] == "highest"
+    base_raw, base = _trial(tmp_path / "base", "bert", {"size": "tiny", "seq_len": 16},
+                            Config(micro_batch_size=4))
+    assert base.ok, base_raw.stderr_tail[-2000:]
+    # The baseline leaves the model and the optimizer as the workload built them.
+    assert base.applied["optimizer"] == {"class": "AdamW", "foreach": None, "fused": None}
+    assert base.applied["activation_checkpointing"] is False
+    assert base.applied["attention"] != "eager"
+
+
+def test_a_compiled_trial_records_its_compile_time_apart_and_fills_the_cache(
+        tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    raw, m = _trial(tmp_path, "autotune.testing.workloads:tiny", {},
+                    Config(micro_batch_size=4, compile="default"),
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    assert m.ok, raw.stderr_tail[-2000:]
+    assert m.applied["compiled"] == "default"
+    assert m.compile["mode"] == "default"
+    assert m.compile["first_step_s"] > m.compile["steady_step_s"] > 0
+    # Compiling happened before warm-up: no warm-up step carries it.
+    assert max(m.warmup["step_times_s"]) < m.compile["first_step_s"]
+    assert any(cache.iterdir())  # the study's shared cache
+
+
+def test_a_compile_past_its_limit_is_a_typed_timeout(tmp_path: Path) -> None:
+    measure = MeasureSettings(min_window_s=0.1, max_seconds=4, max_compile_s=0.05)
+    raw, m = _trial(tmp_path, "autotune.testing.workloads:tiny", {},
+                    Config(micro_batch_size=4, compile="max-autotune-no-cudagraphs"), measure,
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache")})
+    assert m.status == "timeout" and m.ended_by == COMPILE_LIMIT, (m.reason, raw.stderr_tail)
+    assert "compile limit" in (m.reason or "")
+
+
+def test_the_optimizer_is_rebuilt_with_the_same_groups_and_hyperparameters() -> None:
+    import torch
+
+    from autotune.trial.apply import optimizer_in_force, rebuild_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    built = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.1},
+                               {"params": model[1].parameters()}], lr=0.01, weight_decay=0.3)
+    fused = rebuild_optimizer(built, Config(optimizer_impl="fused"))
+    assert [g["lr"] for g in fused.param_groups] == [0.1, 0.01]
+    assert all(g["weight_decay"] == 0.3 for g in fused.param_groups)
+    assert optimizer_in_force(fused) == {"class": "AdamW", "foreach": False, "fused": True}
+    assert rebuild_optimizer(built, Config()) is built
+
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, params, lr: float = 0.1) -> None:  # noqa: ANN001
+            super().__init__(params, {"lr": lr})
+
+    with pytest.raises(ValueError, match="takes no fused argument"):
+        rebuild_optimizer(Plain(model.parameters()), Config(optimizer_impl="fused"))
+
+
+def test_compile_pays_for_itself_after_the_steps_its_saving_buys_back() -> None:
+    import optuna
+
+    from autotune.tuner.results import compile_payback, payback_words
+
+    def trial(number: int, config: Config, rate: float, compiled: dict | None = None):  # noqa: ANN202
+        t = optuna.trial.create_trial(value=rate, user_attrs={
+            "config": config.to_dict(), "status": "ok",
+            "measurement": {"samples_per_sec": rate, "compile": compiled or {}}})
+        t.number = number
+        return t
+
+    on = Config(micro_batch_size=8, compile="default")
+    eager = trial(1, Config(micro_batch_size=8), 8.0)  # 1.0 s per step
+    fast = trial(2, on, 10.0, {"mode": "default", "seconds": 40.0})  # 0.8 s per step
+    payback = compile_payback([eager, fast], fast)
+    assert payback is not None and payback["payback_steps"] == 200  # 40 s / 0.2 s per step
+    assert payback_words(payback) == \
+        "compile default: 40.0s, pays for itself after 200 steps (against trial 1)"
+    slow = trial(3, on, 7.0, {"mode": "default", "seconds": 40.0})
+    assert compile_payback([eager, slow], slow)["payback_steps"] is None  # type: ignore[index]
+    assert compile_payback([eager], eager) is None
+    alone = compile_payback([fast], fast)
+    assert alone is not None and "no eager run" in payback_words(alone)

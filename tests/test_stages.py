@@ -1,0 +1,121 @@
+"""The search led by what limits the incumbent (pure: crafted findings, no trial runs here), and
+the open-ended micro-batch of the default space."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.config.knobs import DECLARED, Config
+from autotune.config.space import load_space, narrow, parse_space
+from autotune.testing.hardware import fake_cpu, fake_gpus
+from autotune.tuner.search import MemoryModel, Observation, staged_next
+from autotune.tuner.stages import diagnosis_next, key, story
+
+GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
+                   supports=DECLARED)
+
+
+def finding(kind: str, **evidence: Any) -> dict[str, Any]:
+    return {"kind": kind, "text": kind, "evidence": evidence}
+
+
+def never(config: Config) -> bool:
+    return False
+
+
+def test_each_kind_of_limit_is_addressed_by_its_own_knobs_first() -> None:
+    base = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
+    first = {kind: diagnosis_next(GPU_SPACE, base, [finding(kind, **ev)], set(), never)
+             for kind, ev in (("input-bound", {"data_wait_share": 0.72}),
+                              ("low-mfu", {"mfu": 0.07}),
+                              ("memory-bound", {"share": 0.93}),
+                              ("communication-bound", {"comm_wait_share": 0.3}))}
+    assert first["input-bound"].stage == \
+        "diagnosis: input-bound at 72% data wait -> num_workers 1"  # type: ignore[union-attr]
+    assert first["low-mfu"].stage == \
+        "diagnosis: low MFU at 7% -> optimizer_impl fused"  # type: ignore[union-attr]
+    assert first["memory-bound"].config.activation_checkpointing  # type: ignore[union-attr]
+    assert first["communication-bound"].stage.endswith(  # type: ignore[union-attr]
+        "-> ddp_bucket_cap_mb 50")
+    for proposal in first.values():  # one knob changed, the rest is the incumbent
+        assert proposal is not None
+        changed = {k for k, v in proposal.config.to_dict().items() if base.to_dict()[k] != v}
+        assert len(changed - {"prefetch_factor"}) == 1, changed  # prefetch comes with workers
+
+
+def test_a_stage_walks_its_remedies_and_ends_when_all_were_tried() -> None:
+    base = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
+    low = [finding("low-mfu", mfu=0.07)]
+    tried: set[str] = set()
+    stages = []
+    while (p := diagnosis_next(GPU_SPACE, base, low, tried, never)) is not None:
+        tried.add(key(p.config))
+        stages.append(p.stage.split("-> ")[1])
+    assert stages[:4] == ["optimizer_impl fused", "optimizer_impl for-loop", "compile default",
+                          "compile max-autotune-no-cudagraphs"]
+    assert "matmul_precision high" in stages and "attention sdpa" in stages
+    assert len(stages) == len(set(stages))
+
+
+def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch() -> None:
+    base = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16",
+                             activation_checkpointing=True)
+    mem = [finding("memory-bound", share=0.95)]
+    p = diagnosis_next(GPU_SPACE, base, mem, set(), never)
+    assert p is not None and p.config.micro_batch_size == 64
+    assert p.config.activation_checkpointing
+    assert diagnosis_next(GPU_SPACE, base, mem, set(),
+                          lambda c: c.micro_batch_size > 32) is None
+
+
+def test_the_story_reads_each_diagnosis_stage_with_its_speedup() -> None:
+    assert story([("staged: largest micro-batch that fits", 2.0),
+                  ("diagnosis: input-bound at 72% data wait -> num_workers 8", 3.1),
+                  ("diagnosis: low MFU at 9% -> compile default", None)]) == [
+        "input-bound at 72% data wait -> num_workers 8: 3.10x",
+        "low MFU at 9% -> compile default: no result"]
+
+
+def test_the_default_space_does_not_cap_the_micro_batch() -> None:
+    space = narrow(load_space("default"), fake_gpus(1, memory_gib=141), 1, Config())
+    assert max(space.searched["micro_batch_size"].values) >= 65536  # type: ignore[union-attr]
+
+
+def test_doubling_stops_when_two_doublings_gain_less_than_the_noise() -> None:
+    space = narrow(parse_space({"knobs": {"micro_batch_size": {"choices": [
+        8, 16, 32, 64, 128, 256, 512]}}}, "t", "<test>"), fake_cpu(), 1,
+        Config(micro_batch_size=8))
+    model = MemoryModel([], "cpu", 100 * 2**30)
+
+    def run(rates: dict[int, float]) -> int | None:
+        obs = [Observation(Config(micro_batch_size=m), "ok", r, 2**30, spread_cv=0.01)
+               for m, r in rates.items()]
+        p = staged_next(space, Config(micro_batch_size=8), obs, model)
+        return None if p is None else p.config.micro_batch_size
+
+    assert run({8: 100.0, 16: 180.0, 32: 300.0}) == 64  # still gaining: double again
+    assert run({8: 100.0, 16: 101.0, 32: 100.5}) is None  # two flat doublings: stop
+    assert run({8: 100.0, 16: 180.0, 32: 181.0}) == 64  # one flat doubling is not enough
+
+
+def test_a_study_follows_the_incumbents_diagnosis_and_records_why(tmp_path) -> None:  # noqa: ANN001
+    """A real study of an input-bound workload: with nothing to stage in micro-batch or
+    precision, the diagnosis proposes loader workers, and each trial keeps why."""
+    import optuna
+
+    from tests.conftest import FAST, autotune
+
+    (tmp_path / "space.yaml").write_text(
+        "knobs:\n  num_workers: {choices: [0, 1, 2]}\n  prefetch_factor: {choices: [2, 4]}\n")
+    out = autotune("run", "--model", "autotune.testing.workloads:slowdata", "--space",
+                   "space.yaml", "--trials", "2", "--study", "led", "--patience", "0", *FAST,
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    study = optuna.load_study(study_name="led", storage="sqlite:///studies/autotune.db"
+                              .replace("studies/", f"{tmp_path}/studies/"))
+    second = study.trials[1]
+    assert second.user_attrs["stage"].startswith("diagnosis: input-bound at "), \
+        second.user_attrs
+    assert second.user_attrs["stage"].endswith("data wait -> num_workers 1")
+    assert second.user_attrs["config"]["num_workers"] == 1
+    assert "input-bound at" in out.stdout and "-> num_workers 1" in out.stdout
