@@ -28,6 +28,7 @@ from autotune.trial.apply import (
     loader_kwargs,
     optimizer_kwargs,
     prepare_model,
+    rebuild_optimizer,
     set_torch_flags,
     uses_grad_scaler,
 )
@@ -187,6 +188,12 @@ class Profile:
         """``foreach`` / ``fused`` for your torch optimizer's constructor, as the trials ran it
         (``{}``: the optimizer's own default). ``AdamW(params, lr=..., **p.optimizer_kwargs())``."""
         return optimizer_kwargs(self.config)
+
+    def apply_optimizer(self, optimizer: Any) -> Any:
+        """``optimizer`` rebuilt (same class, groups and hyperparameters) with the tuned
+        implementation, before its first step: for a script whose optimizer is built elsewhere
+        (the workload's ``build_optimizer``); the same object when the profile keeps the default."""
+        return rebuild_optimizer(optimizer, self.config)
 
     def prepare_model(self, model: Any, compile: bool = True) -> Any:
         """The model as the trials ran it: its attention implementation and activation

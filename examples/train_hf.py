@@ -46,9 +46,12 @@ def main() -> None:
 
     profile = autotune.load_profile(args.profile)
     profile.apply_env()  # before the Trainer starts the process group
+    profile.apply_torch_flags()  # intra-op threads (TF32 also comes through tf32=)
     model = BertForMaskedLM(BertConfig(
         vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=128, max_position_embeddings=args.seq_len))
+    if profile.attn_implementation:  # from_pretrained takes attn_implementation= directly
+        model.set_attn_implementation(profile.attn_implementation)
     tuned = profile.hf_training_args()
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(

@@ -28,10 +28,16 @@ class Features(torch.utils.data.Dataset):
 
 
 class Classifier(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, profile: autotune.Profile) -> None:
         super().__init__()
+        self.profile = profile
         self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
                                        torch.nn.Linear(64, 4))
+
+    def configure_model(self) -> None:
+        # The Trainer takes none of the model knobs: compile (and, for a transformers model,
+        # attention and checkpointing) are applied here.
+        self.net = self.profile.prepare_model(self.net)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
         x, y = batch
@@ -40,7 +46,7 @@ class Classifier(pl.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, **self.profile.optimizer_kwargs())
 
 
 def main() -> None:
@@ -51,13 +57,14 @@ def main() -> None:
 
     profile = autotune.load_profile(args.profile)
     profile.apply_env()  # before Lightning starts the process group
+    profile.apply_torch_flags()  # intra-op threads, TF32
     tuned = profile.lightning_trainer_kwargs()  # precision, accumulation, DDP strategy, devices
     trainer = pl.Trainer(max_steps=args.max_steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, **tuned)
     # Lightning adds the DistributedSampler itself when there are several ranks.
     loader = torch.utils.data.DataLoader(Features(), shuffle=True, drop_last=True,
                                          **profile.dataloader_kwargs())
-    trainer.fit(Classifier(), loader)
+    trainer.fit(Classifier(profile), loader)
     if trainer.global_rank == 0:
         strategy = trainer.strategy
         print(json.dumps({

@@ -82,13 +82,16 @@ def build(profile: autotune.Profile, device: torch.device, world: int = 1,
     """Model, optimizer, DataLoader and scaler as the profile sets them."""
     workload = resolve(profile.workload["spec"], profile.workload.get("params") or {})
     torch.manual_seed(0)
-    model = workload.build_model().to(device)
-    optimizer = workload.build_optimizer(model)
+    # Attention implementation and activation checkpointing; compile comes after DDP.
+    model = profile.prepare_model(workload.build_model(), compile=False).to(device)
+    # The tuned optimizer implementation (fused, foreach) for the workload's own optimizer.
+    optimizer = profile.apply_optimizer(workload.build_optimizer(model))
     dataset = workload.build_dataset()
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None,
             **profile.ddp_kwargs())  # bucket size, gradient views, static graph
+    model = profile.compile_model(model)  # torch.compile in the tuned mode, or as is
     sampler = torch.utils.data.DistributedSampler(dataset) if world > 1 else None
     loader = torch.utils.data.DataLoader(
         dataset, sampler=sampler, shuffle=sampler is None, drop_last=True,
@@ -108,6 +111,7 @@ def main() -> None:
 
     profile = autotune.load_profile(args.profile)  # warns if tuned on other hardware
     profile.apply_env()  # NCCL_ALGO/NCCL_PROTO: before the process group starts
+    profile.apply_torch_flags()  # intra-op threads, TF32: before building the model
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")

@@ -7,6 +7,9 @@
 #                                the space, the baseline (and the confirmation, if it fits)
 #   profile (GPU_PROFILE=0 skips) the plain-PyTorch example trains with the exported profile
 #                                (reproduction ratio) and `autotune profile check` re-measures it
+#   roofline (GPU_ROOFLINE=0 skips) BERT-base and GPT-2 small with no memory limit: open-ended
+#                                batches, the diagnosis-led stages (compile, fused AdamW, TF32,
+#                                attention, checkpointing), MFU and what limits each winner
 # Outputs under $OUT, few files (the device returns a limited number): summary.txt (every short
 # result), gpu-tests.log, probe.txt, probe.json, run.log, trials.json, profile.yaml.
 set -uo pipefail
@@ -66,7 +69,8 @@ for t in study.trials:
                  "samples_per_sec": m.get("samples_per_sec"), "peak": m.get("peak_memory_bytes"),
                  "predicted_peak": m.get("predicted_peak_memory_bytes"),
                  "breakdown": m.get("breakdown"), "reason": a.get("reason"),
-                 "stage": a.get("stage"), "wall_s": m.get("wall_s")})
+                 "stage": a.get("stage"), "wall_s": m.get("wall_s"), "mfu": m.get("mfu"),
+                 "applied": m.get("applied"), "compile": m.get("compile")})
 print(json.dumps({"trials": rows, "confirmation": study.user_attrs.get("confirmation")}, indent=1))
 EOF
 rm -f autotune.db
@@ -83,4 +87,30 @@ if [ -n "$PROFILE" ]; then
   fi
 fi
 tail -25 run.log
+cd "$ROOT" || exit 1
+
+if [ "${GPU_ROOFLINE:-1}" = 1 ]; then
+  for model in bert gpt2; do
+    mkdir -p "$OUT/$model" && cd "$OUT/$model" || exit 1
+    timeout 330 python3 -m autotune run --model "$model" --timeout "${ROOFLINE_TIMEOUT:-4m}" \
+      --trial-seconds 10 --storage "sqlite:///$PWD/autotune.db" > run.log 2>&1
+    echo "$model roofline study rc=$?" >> "$ROOT/$S"
+    # The stages as a story, the winner's MFU and what limits it (kept short for the summary).
+    grep -A12 "the search, led by\|what limits the winner" run.log | head -30 >> "$ROOT/$S"
+    python3 - > trials.json <<'PY'
+import json, optuna
+url = "sqlite:///autotune.db"
+study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+print(json.dumps([{"n": t.number, "status": t.user_attrs.get("status"),
+                   "config": t.user_attrs.get("config"), "stage": t.user_attrs.get("stage"),
+                   "samples_per_sec": (t.user_attrs.get("measurement") or {}).get("samples_per_sec"),
+                   "mfu": (t.user_attrs.get("measurement") or {}).get("mfu"),
+                   "applied": (t.user_attrs.get("measurement") or {}).get("applied"),
+                   "compile": (t.user_attrs.get("measurement") or {}).get("compile"),
+                   "reason": t.user_attrs.get("reason")} for t in study.trials], indent=1))
+PY
+    rm -rf studies autotune.db
+    cd "$ROOT" || exit 1
+  done
+fi
 cat "$S"

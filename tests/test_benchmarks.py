@@ -62,3 +62,19 @@ def test_winner_vs_baseline_runs_both_interleaved_and_reports_the_ratio(tuned_ml
     assert doc["ratios"] == [round(w / b, 4) for w, b in zip(rates["profile"],
                                                             rates["baseline"], strict=True)]
     assert doc["ratio_spread_cv"] is not None and doc["median_ratio"] > 0
+
+
+@pytest.mark.slow  # real trial processes, three of them compiling
+def test_compile_cache_benchmark_times_cold_and_warm_compiles(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compile_cache.py"), "--model",
+         "autotune.testing.workloads:tiny", "--micro", "4", "--trial-seconds", "3", "--json"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    eager, cold, warm, larger = doc["trials"]
+    assert eager["compile_step_s"] is None and eager["compile_s"] is None
+    for compiled in (cold, warm, larger):
+        assert compiled["compile_step_s"] > 0 and compiled["compile_s"] >= 0
+    assert "micro 8" in larger["trial"] and larger["config"].startswith("batch 8x1")
+    assert doc["cache_saves_s"] == round(cold["compile_step_s"] - warm["compile_step_s"], 2)

@@ -317,3 +317,18 @@ def test_a_suggested_test_the_study_already_ran_says_what_it_measured() -> None:
     (fresh,) = diagnose(m, Config(micro_batch_size=32, amp="bf16"), device="cpu",
                         limit=18 * GIB, tried={})
     assert fresh.evidence["test"] == "test: micro-batch 64 with the rest unchanged"
+
+
+def test_compiling_is_counted_apart_from_start_up() -> None:
+    from autotune.tuner.budget import compile_seconds
+    from autotune.tuner.results import compile_costs, startup_of
+
+    t = optuna.trial.create_trial(value=1.0, user_attrs={
+        "config": Config(compile="default").to_dict(), "status": "ok",
+        "measurement": {"wall_s": 100.0, "samples_per_sec": 1.0, "timings": {
+            "warmup_s": 10.0, "measure_s": 20.0, "compile_step_s": 60.0}}})
+    assert startup_of(t) == pytest.approx(10.0)  # 100 - 10 - 20 - 60: not the compile
+    assert compile_costs([t]) == [60.0]
+    assert compile_seconds([60.0], 120.0) == pytest.approx(72.0)  # a fifth more
+    assert compile_seconds([110.0], 120.0) == 120.0  # never above the limit
+    assert compile_seconds([], 120.0) == 120.0  # before any compile: the limit
