@@ -137,7 +137,9 @@ class ConsoleReporter:
             what = (f"{_rate(view.samples_per_sec, view.spread_cv)}, "
                     f"{_step_text(view)}peak {format_bytes(view.peak_memory_bytes)}"
                     f"{_predicted_peak(view)}"
-                    + (f", MFU {100 * view.mfu:.0f}%" if view.mfu is not None else ""))
+                    + (f", MFU {100 * view.mfu:.0f}%" if view.mfu is not None else "")
+                    + (f", compiling {view.compile_s:.1f}s (not timed)"
+                       if view.compile_s is not None else ""))
             if view.reused_from is not None:
                 what += f" (same config as trial #{view.reused_from}: not re-run)"
         elif view.predicted:
@@ -335,7 +337,8 @@ def _stopped_line(summary: RunSummary) -> str:
 
 def _ruled_out_words(views: list[TrialView]) -> str:
     kinds = Counter(v.predicted_kind for v in views)
-    words = {"oom": "predicted to pass the memory limit", "too_slow": "predicted too slow"}
+    words = {"oom": "predicted to pass the memory limit", "too_slow": "predicted too slow",
+             "oversubscribed": "more threads and loader workers than cores"}
     return ", ".join(f"{n} {words.get(k or 'oom', k)}" for k, n in sorted(
         kinds.items(), key=lambda kv: str(kv[0])))
 

@@ -153,3 +153,27 @@ def test_compile_pays_for_itself_after_the_steps_its_saving_buys_back() -> None:
     assert compile_payback([eager], eager) is None
     alone = compile_payback([fast], fast)
     assert alone is not None and "no eager run" in payback_words(alone)
+    from autotune.tuner.results import view
+
+    assert view(fast).compile_s == 40.0 and view(eager).compile_s is None  # the trial line
+
+
+def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
+    import optuna
+
+    from autotune.config.knobs import oversubscribed
+    from autotune.tuner.record import of_rule
+    from autotune.tuner.results import view
+
+    assert oversubscribed(Config(cpu_threads=1, num_workers=1), 2) is None
+    assert oversubscribed(Config(num_workers=2), 2) is None  # threads left to torch
+    why = oversubscribed(Config(cpu_threads=1, num_workers=2), 2)
+    assert why == ("oversubscribed: 1 thread(s) + 2 loader worker(s) per rank x 1 rank(s) need "
+                   "3 cores; this machine has 2")
+    assert oversubscribed(Config(cpu_threads=4, world_size=2), 16) is None
+    assert oversubscribed(Config(cpu_threads=4, num_workers=5, world_size=2), 16) is not None
+    rec = of_rule(why, 2**30)
+    t = optuna.trial.create_trial(state=rec.state, user_attrs={
+        **rec.attrs, "config": Config(cpu_threads=1, num_workers=2).to_dict()})
+    v = view(t)
+    assert v.predicted and v.predicted_kind == "oversubscribed" and v.reason == why

@@ -362,6 +362,20 @@ KNOBS: dict[str, Knob] = {
 }
 
 
+def oversubscribed(config: Config, cpu_cores: int) -> str | None:
+    """Why a config that sets intra-op threads asks for more CPU cores than the machine has,
+    counting its loader workers (each a process of its own) with the threads; None when it
+    fits, or leaves the threads to torch."""
+    if not config.cpu_threads:
+        return None
+    need = (config.cpu_threads + config.num_workers) * config.world_size
+    if need <= cpu_cores:
+        return None
+    return (f"oversubscribed: {config.cpu_threads} thread(s) + {config.num_workers} loader "
+            f"worker(s) per rank x {config.world_size} rank(s) need {need} cores; this "
+            f"machine has {cpu_cores}")
+
+
 # Every environment variable env_for can set: the only ones a profile's ``env`` may carry into
 # a process (``Profile.apply_env``, ``autotune launch``, ``autotune profile env``). A profile is
 # data; anything else in its env (LD_PRELOAD, PYTHONPATH, BASH_ENV, PATH...) could run code.

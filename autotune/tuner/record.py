@@ -88,6 +88,18 @@ def of_prediction(reason: str, peak: float | None, limit: int) -> Record:
         TrialState.PRUNED, constraint=max(1.0, (peak or 0.0) - limit))
 
 
+def of_rule(reason: str, limit: int) -> Record:
+    """The record of a config a rule of the space ruled out (more threads and loader workers
+    than cores): nothing ran, nothing about its speed or memory is known."""
+    return Record(
+        {"status": "pruned", "reason": reason, "predicted": True,
+         "predicted_kind": "oversubscribed",
+         "measurement": {"status": "pruned", "reason": reason, "peak_memory_bytes": 0,
+                         "wall_s": 0.0, "windows": []},
+         "memory_limit_bytes": limit},
+        TrialState.PRUNED)
+
+
 def of_slow_prediction(reason: str, step_s: float, samples_per_step: int,
                        limit: int) -> Record:
     """The record of a config the step-time model ruled out: its steps are predicted too long

@@ -45,6 +45,7 @@ class TrialView:
     forecast: dict[str, Any] = field(default_factory=dict)
     step_s: float | None = None  # measured seconds per optimizer step (samples/step / rate)
     predicted_kind: str | None = None  # "oom" or "too_slow" when ruled out without running
+    compile_s: float | None = None  # a compiled trial's compiling, beyond a steady step
 
 
 def view(t: FrozenTrial) -> TrialView:
@@ -62,7 +63,8 @@ def view(t: FrozenTrial) -> TrialView:
             {"peak_memory_bytes": m.get("predicted_peak_memory_bytes")} if a.get("predicted")
             else {}),
         step_s=_step_s(m, a["config"]),
-        predicted_kind=a.get("predicted_kind", "oom") if a.get("predicted") else None)
+        predicted_kind=a.get("predicted_kind", "oom") if a.get("predicted") else None,
+        compile_s=(m.get("compile") or {}).get("seconds"))
 
 
 def _step_s(m: dict[str, Any], config: dict[str, Any]) -> float | None:

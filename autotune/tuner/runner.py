@@ -25,7 +25,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.knobs import Config
+from autotune.config.knobs import Config, oversubscribed
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
 from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
@@ -236,8 +236,9 @@ class Runner:
         running = [t.user_attrs.get("config") for t in
                    self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         proposal = staged_next(self.space, self.baseline, obs, model, too_slow=too_slow) \
-            or self._diagnosis_stage(trials, obs, running,
-                                     lambda c: model.verdict(c) is not None or too_slow(c))
+            or self._diagnosis_stage(trials, obs, running, lambda c: model.verdict(c) is not None
+                                     or too_slow(c)
+                                     or oversubscribed(c, self.hw.cpu_cores) is not None)
         if proposal is None:
             return False
         if proposal.config.to_dict() in running:
@@ -276,6 +277,13 @@ class Runner:
                 self._wait_for_running_twin(trial.number, config)
             twin = None if is_baseline else \
                 claims.measured_twin(self.study, config, self.opts.measure)
+            rule = None if is_baseline or twin else oversubscribed(config, self.hw.cpu_cores)
+            if rule is not None:  # more threads and workers than cores: nothing runs
+                self._write(trial, record.of_rule(rule, self.limit))
+                told = True
+                self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
+                                             self._best_view())
+                return True
             verdict = None if is_baseline or twin else self._memory_model().verdict(config)
             if verdict is not None:  # ruled out by the memory model: nothing runs
                 self._write(trial, record.of_prediction(verdict[0], verdict[1], self.limit))
