@@ -192,14 +192,15 @@ class Profile:
     def apply_optimizer(self, optimizer: Any) -> Any:
         """``optimizer`` rebuilt (same class, groups and hyperparameters) with the tuned
         implementation, before its first step: for a script whose optimizer is built elsewhere
-        (the workload's ``build_optimizer``); the same object when the profile keeps the default."""
+        (the workload's ``build_optimizer``); the same object when the profile keeps the default.
+        Build any LR scheduler after this call: one built before drives the old optimizer."""
         return rebuild_optimizer(optimizer, self.config)
 
     def prepare_model(self, model: Any, compile: bool = True) -> Any:
         """The model as the trials ran it: its attention implementation and activation
         checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
-        DDP, call ``prepare_model(model, compile=False)`` before wrapping and
-        ``compile_model(ddp_model)`` after, as the trials do. Returns the model to train."""
+        DDP, wrap what this returns, as the trials do (compiling around DDP can leave a
+        ``torch.nn`` model uncompiled). Returns the model to train."""
         model = prepare_model(model, self.config)
         return self.compile_model(model) if compile else model
 

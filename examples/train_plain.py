@@ -82,16 +82,16 @@ def build(profile: autotune.Profile, device: torch.device, world: int = 1,
     """Model, optimizer, DataLoader and scaler as the profile sets them."""
     workload = resolve(profile.workload["spec"], profile.workload.get("params") or {})
     torch.manual_seed(0)
-    # Attention implementation and activation checkpointing; compile comes after DDP.
-    model = profile.prepare_model(workload.build_model(), compile=False).to(device)
+    # Attention implementation and activation checkpointing, then compile when tuned.
+    module = profile.prepare_model(workload.build_model(), compile=False).to(device)
     # The tuned optimizer implementation (fused, foreach) for the workload's own optimizer.
-    optimizer = profile.apply_optimizer(workload.build_optimizer(model))
+    optimizer = profile.apply_optimizer(workload.build_optimizer(module))
+    model = profile.compile_model(module)  # torch.compile in the tuned mode, or as is
     dataset = workload.build_dataset()
-    if world > 1:
+    if world > 1:  # DDP around the compiled model, as the trials
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None,
             **profile.ddp_kwargs())  # bucket size, gradient views, static graph
-    model = profile.compile_model(model)  # torch.compile in the tuned mode, or as is
     sampler = torch.utils.data.DistributedSampler(dataset) if world > 1 else None
     loader = torch.utils.data.DataLoader(
         dataset, sampler=sampler, shuffle=sampler is None, drop_last=True,

@@ -75,6 +75,6 @@ def test_compile_cache_benchmark_times_cold_and_warm_compiles(tmp_path: Path) ->
     eager, cold, warm, larger = doc["trials"]
     assert eager["compile_step_s"] is None and eager["compile_s"] is None
     for compiled in (cold, warm, larger):
-        assert compiled["compile_step_s"] > 0 and compiled["compile_s"] >= 0
+        assert compiled["compile_step_s"] > 0 and compiled["compile_s"] is not None
     assert "micro 8" in larger["trial"] and larger["config"].startswith("batch 8x1")
     assert doc["cache_saves_s"] == round(cold["compile_step_s"] - warm["compile_step_s"], 2)

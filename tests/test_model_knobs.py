@@ -96,13 +96,32 @@ def test_a_compiled_trial_records_its_compile_time_apart_and_fills_the_cache(
     # Compiling happened before warm-up: no warm-up step carries it.
     assert max(m.warmup["step_times_s"]) < m.compile["first_step_s"]
     assert any(cache.iterdir())  # the study's shared cache
+    assert m.applied["compiled_graphs"] >= 1  # read from Dynamo, not from the wrapper's type
 
 
-def test_a_compile_past_its_limit_is_a_typed_timeout(tmp_path: Path) -> None:
+@pytest.mark.slow  # two ranks under torchrun
+def test_a_compiled_trial_with_ranks_and_accumulation_really_compiles(tmp_path: Path) -> None:
+    """torch.compile around DDP skipped a torch.nn model's forward and ran it eagerly; the
+    trial compiles the module and wraps it, and says how many graphs compiled."""
+    cache = tmp_path / "cache"
+    raw, m = _trial(tmp_path, "autotune.testing.workloads:tiny", {},
+                    Config(micro_batch_size=4, grad_accum_steps=2, compile="default",
+                           world_size=2),
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    assert m.ok, raw.stderr_tail[-3000:]
+    assert m.applied["compiled"] == "default" and m.applied["compiled_graphs"] >= 1
+    assert any(cache.rglob("*")) and m.compile["first_step_s"] > 0
+
+
+@pytest.mark.parametrize("suppress", ["0", "1"])
+def test_a_compile_past_its_limit_is_a_typed_timeout(tmp_path: Path, suppress: str) -> None:
+    """Also when the user's environment tells Dynamo to swallow errors (it then falls back to
+    eager and would have measured that under the compiled label)."""
     measure = MeasureSettings(min_window_s=0.1, max_seconds=4, max_compile_s=0.05)
     raw, m = _trial(tmp_path, "autotune.testing.workloads:tiny", {},
                     Config(micro_batch_size=4, compile="max-autotune-no-cudagraphs"), measure,
-                    env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache")})
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache"),
+                         "TORCHDYNAMO_SUPPRESS_ERRORS": suppress})
     assert m.status == "timeout" and m.ended_by == COMPILE_LIMIT, (m.reason, raw.stderr_tail)
     assert "compile limit" in (m.reason or "")
 
@@ -147,7 +166,8 @@ def test_compile_pays_for_itself_after_the_steps_its_saving_buys_back() -> None:
     payback = compile_payback([eager, fast], fast)
     assert payback is not None and payback["payback_steps"] == 200  # 40 s / 0.2 s per step
     assert payback_words(payback) == \
-        "compile default: 40.0s, pays for itself after 200 steps (against trial 1)"
+        "compile default: 40.0s with the study's cache, pays for itself after 200 steps " \
+        "(against trial 1)"
     slow = trial(3, on, 7.0, {"mode": "default", "seconds": 40.0})
     assert compile_payback([eager, slow], slow)["payback_steps"] is None  # type: ignore[index]
     assert compile_payback([eager], eager) is None

@@ -66,6 +66,16 @@ def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch
     assert p.config.activation_checkpointing
     assert diagnosis_next(GPU_SPACE, base, mem, set(),
                           lambda c: c.micro_batch_size > 32) is None
+    # From an incumbent without it: checkpointing first, then (once that ran, whatever it
+    # measured at the same batch) the larger batch it is for.
+    plain = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
+    first = diagnosis_next(GPU_SPACE, plain, mem, set(), never)
+    assert first is not None and first.config.activation_checkpointing
+    assert first.config.micro_batch_size == 32
+    then = diagnosis_next(GPU_SPACE, plain, mem, {key(first.config)}, never)
+    assert then is not None and then.config.micro_batch_size == 64
+    assert then.config.activation_checkpointing
+    assert then.stage.endswith("-> micro-batch 64 with checkpointing")
 
 
 def test_the_story_reads_each_diagnosis_stage_with_its_speedup() -> None:

@@ -92,7 +92,7 @@ def torch_flags_in_force() -> dict[str, Any]:
 def prepare_model(model: Any, config: Config) -> Any:
     """The attention implementation and activation checkpointing a config sets, applied to a
     transformers model (or one with the same two methods); the model itself is returned.
-    Compile comes after (``compile_model``), around DDP when there is one."""
+    Compile comes after (``compile_model``), before any DDP wrapping."""
     if config.attention != "default":
         setter = getattr(model, "set_attn_implementation", None)
         if setter is None:
@@ -114,7 +114,9 @@ def prepare_model(model: Any, config: Config) -> Any:
 
 
 def compile_model(model: Any, config: Config) -> Any:
-    """``torch.compile(model, mode=...)`` for a config that compiles, else the model as is."""
+    """``torch.compile(model, mode=...)`` for a config that compiles, else the model as is.
+    With DDP, compile the module and wrap the result: Dynamo skips a DDP-wrapped forward that
+    lives in ``torch.nn``."""
     if config.compile == "off":
         return model
     import torch
@@ -139,6 +141,9 @@ def rebuild_optimizer(optimizer: Any, config: Config) -> Any:
     kwargs = optimizer_kwargs(config)
     if not kwargs:
         return optimizer
+    if optimizer.state:
+        raise ValueError(f"optimizer_impl={config.optimizer_impl}: the optimizer has stepped "
+                         "already (its state would be lost); rebuild it before the first step")
     cls = type(optimizer)
     takes = inspect.signature(cls.__init__).parameters
     missing = [k for k, v in kwargs.items() if v and k not in takes]

@@ -69,7 +69,11 @@ def costs(trials: list[FrozenTrial], cands: list[Candidate],
         startup = startup_of(t)
         if startup is None:
             startup = 0.5 * float(t.user_attrs["measurement"].get("wall_s") or 0.0)
-        out[c.number] = startup + round_settings(trials, c, settings).max_seconds
+        # A compiled config compiles again in each round's fresh process (from the study's
+        # cache, usually quicker): its trial's compiling step is the estimate.
+        compiling = float((t.user_attrs["measurement"].get("timings") or {})
+                          .get("compile_step_s", 0.0))
+        out[c.number] = startup + compiling + round_settings(trials, c, settings).max_seconds
     return out
 
 
@@ -132,7 +136,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     for r in range(planned):
         results = _round(r, planned, cands,
                          lambda c, w, t: measure(c.config, w, t, each[c.number]),
-                         trial_timeout_s, deadline, out_dir, on_round)
+                         trial_timeout_s, deadline, out_dir, on_round, settings.max_compile_s)
         # A round counts only when every config ran in it: a round cut by the --timeout would
         # compare one config's fresh run with another's missing one.
         if results is None:
@@ -165,11 +169,13 @@ def _round(r: int, rounds: int, cands: list[Candidate],
            measure: Callable[[Candidate, Path, float], Measurement],
            trial_timeout_s: float, deadline: float | None, out_dir: Path,
            on_round: Callable[[int, int, Candidate, Measurement], None],
-           ) -> list[tuple[Candidate, Measurement]] | None:
-    """One round: every candidate once, in order; None when the run's budget cut it short."""
+           max_compile_s: float = 0.0) -> list[tuple[Candidate, Measurement]] | None:
+    """One round: every candidate once, in order; None when the run's budget cut it short. A
+    compiled config gets its compile limit on top of the trial timeout, as in the search."""
     results = []
     for c in cands:
-        timeout = trial_timeout_s
+        hard = trial_timeout_s + (max_compile_s if c.config.compile != "off" else 0.0)
+        timeout = hard
         if deadline is not None:
             timeout = min(timeout, deadline - time.monotonic())
         if timeout < 1.0:
@@ -177,7 +183,7 @@ def _round(r: int, rounds: int, cands: list[Candidate],
         m = measure(c, out_dir / "confirm" / f"{r + 1}-{c.number:04d}", timeout)
         if m.ended_by == INTERRUPTED:
             raise KeyboardInterrupt
-        if m.ended_by == TRIAL_TIMEOUT and timeout < trial_timeout_s:
+        if m.ended_by == TRIAL_TIMEOUT and timeout < hard:
             return None  # the run's budget ended it, not the config
         results.append((c, m))
         on_round(r, rounds, c, m)

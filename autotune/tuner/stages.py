@@ -98,11 +98,16 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
                 if config == incumbent or key(config) in tried or ruled_out(config):
                     continue
                 return Proposal(config, f"diagnosis: {words} -> {knob} {_show(value)}")
-        if kind == "memory-bound" and incumbent.activation_checkpointing:
-            larger = _larger_micro(space, incumbent)
-            if larger is not None and key(larger) not in tried and not ruled_out(larger):
-                return Proposal(larger, f"diagnosis: {words} -> micro-batch "
-                                        f"{larger.micro_batch_size} with checkpointing")
+        if kind == "memory-bound":
+            # Checkpointing costs compute at the same batch; what it buys is a larger batch.
+            # Once the checkpointed variant ran (or is the incumbent), try the next batch with it.
+            ckpt = incumbent if incumbent.activation_checkpointing else \
+                space.variant(incumbent, activation_checkpointing=True)
+            if ckpt.activation_checkpointing and (ckpt == incumbent or key(ckpt) in tried):
+                larger = _larger_micro(space, ckpt)
+                if larger is not None and key(larger) not in tried and not ruled_out(larger):
+                    return Proposal(larger, f"diagnosis: {words} -> micro-batch "
+                                            f"{larger.micro_batch_size} with checkpointing")
     return None
 
 

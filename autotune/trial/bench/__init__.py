@@ -82,7 +82,7 @@ def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> dict
 def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
              progress: Progress, ranks: Ranks) -> None:
     """Build, warm up, time the windows, count FLOPs: the result's fields as they come."""
-    from autotune.trial.bench.build import build
+    from autotune.trial.bench.build import build, compiled_graphs
     from autotune.trial.bench.flops import flops_for
     from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, warm_up
 
@@ -97,8 +97,19 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
             result.update(status="timeout", ended_by=COMPILE_LIMIT)
             result["reason"] = (f"compiling (torch.compile mode {spec.config.compile}) took more "
                                 f"than the {settings.max_compile_s:.0f}s compile limit")
+            if ranks.world > 1:
+                # This rank's own failure: its peers may be inside a collective it will not
+                # join; reported as such, torchrun ends the group (``main``).
+                result["failed_at"] = time.time()
             return
         timings["compile_step_s"] = compiled
+        graphs = compiled_graphs()
+        if not graphs:
+            raise RuntimeError(f"torch.compile (mode {spec.config.compile}) compiled no graph "
+                               "in the first step: the model ran eagerly, so this config "
+                               "would measure something other than what it names")
+        result["applied"]["compiled"] = spec.config.compile
+        result["applied"]["compiled_graphs"] = graphs
     t_warm = time.time()
     try:
         warm = warm_up(trainer, settings, progress)
@@ -137,8 +148,9 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
                             trainer.amp_dtype))
 
 
-class _CompileLimit(Exception):
-    pass
+class _CompileLimit(BaseException):
+    """Raised by the compile timer; a BaseException, so no ``except Exception`` inside torch
+    (TORCHDYNAMO_SUPPRESS_ERRORS) swallows it."""
 
 
 def _compile_step(trainer: Any, spec: TrialSpec, progress: Progress) -> float | None:
@@ -157,16 +169,19 @@ def _compile_step(trainer: Any, spec: TrialSpec, progress: Progress) -> float | 
     signal.setitimer(signal.ITIMER_REAL, limit)
     t = time.perf_counter()
     try:
-        trainer.sync()
-        trainer.step()
-        trainer.sync()
-    except Exception:
-        if ran_out:
-            return None
-        raise
+        try:
+            trainer.sync()
+            trainer.step()
+            trainer.sync()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # inside: a late alarm is caught below
+    except BaseException:
+        if not ran_out:
+            raise
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if ran_out:  # also when something inside torch swallowed the interrupt
+        return None
     (seconds,) = trainer.ranks.agree(time.perf_counter() - t)
     progress.emit("compiled", seconds=seconds)
     return seconds

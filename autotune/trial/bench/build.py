@@ -123,11 +123,12 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
     module = prepare_model(workload.build_model(), spec.config).to(device)
     module.train()
     optimizer = rebuild_optimizer(workload.build_optimizer(module), spec.config)
-    model, comm = _distributed(module, spec, device, ranks, result)
-    model = compile_model(model, spec.config)
+    # Compiled inside DDP, not around it: Dynamo skips a DDP-wrapped forward that lives in
+    # torch.nn (nn.Linear, nn.Sequential) and would run it eagerly. Whether anything compiled
+    # is read after the first step (``compiled_graphs``), not from the wrapper's type.
+    model, comm = _distributed(compile_model(module, spec.config), spec, device, ranks, result)
     applied.update(model_in_force(module), optimizer=optimizer_in_force(optimizer),
-                   compiled=spec.config.compile
-                   if type(model).__name__ == "OptimizedModule" else "off")
+                   compiled="off")
     dataset = workload.build_dataset()
     loader, sampler = _loader(workload, dataset, spec.config, device, ranks)
     return Trainer(
@@ -178,3 +179,10 @@ def _loader(workload: Any, dataset: Any, config: Config, device: Any,
         raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one micro-batch "
                          f"of {config.micro_batch_size} per rank; make the dataset larger")
     return loader, sampler
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile (Dynamo) has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
