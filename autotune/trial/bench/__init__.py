@@ -82,7 +82,7 @@ def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> dict
 def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
              progress: Progress, ranks: Ranks) -> None:
     """Build, warm up, time the windows, count FLOPs: the result's fields as they come."""
-    from autotune.trial.bench.build import build, compiled_graphs
+    from autotune.trial.bench.build import build
     from autotune.trial.bench.flops import flops_for
     from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, warm_up
 
@@ -91,25 +91,8 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
     trainer = build(spec, device, ranks, result, memory)
     timings["build_s"] = time.time() - t0
     progress.emit("built", build_s=timings["build_s"])
-    if spec.config.compile != "off":
-        compiled = _compile_step(trainer, spec, progress)
-        if compiled is None:
-            result.update(status="timeout", ended_by=COMPILE_LIMIT)
-            result["reason"] = (f"compiling (torch.compile mode {spec.config.compile}) took more "
-                                f"than the {settings.max_compile_s:.0f}s compile limit")
-            if ranks.world > 1:
-                # This rank's own failure: its peers may be inside a collective it will not
-                # join; reported as such, torchrun ends the group (``main``).
-                result["failed_at"] = time.time()
-            return
-        timings["compile_step_s"] = compiled
-        graphs = compiled_graphs()
-        if not graphs:
-            raise RuntimeError(f"torch.compile (mode {spec.config.compile}) compiled no graph "
-                               "in the first step: the model ran eagerly, so this config "
-                               "would measure something other than what it names")
-        result["applied"]["compiled"] = spec.config.compile
-        result["applied"]["compiled_graphs"] = graphs
+    if spec.config.compile != "off" and not _compile(trainer, spec, progress, result, ranks):
+        return
     t_warm = time.time()
     try:
         warm = warm_up(trainer, settings, progress)
@@ -146,6 +129,33 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
                           "sync_each_micro": settings.sync_each_micro}
     result.update(flops_for(spec, trainer.workload, trainer.module, trainer.dataset, device,
                             trainer.amp_dtype))
+
+
+def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: dict[str, Any],
+             ranks: Ranks) -> bool:
+    """The compile step, recorded; False when it ran past the compile limit (the result then
+    says so). A compile that compiled no graph is an error: the model would run eagerly under
+    a compiled label."""
+    from autotune.trial.bench.build import compiled_graphs
+
+    compiled = _compile_step(trainer, spec, progress)
+    if compiled is None:
+        result.update(status="timeout", ended_by=COMPILE_LIMIT)
+        result["reason"] = (f"compiling (torch.compile mode {spec.config.compile}) took more "
+                            f"than the {spec.measure.max_compile_s:.0f}s compile limit")
+        if ranks.world > 1:
+            # This rank's own failure: its peers may be inside a collective it will not join;
+            # reported as such, torchrun ends the group (``main``).
+            result["failed_at"] = time.time()
+        return False
+    result["timings"]["compile_step_s"] = compiled
+    graphs = compiled_graphs()
+    if not graphs:
+        raise RuntimeError(f"torch.compile (mode {spec.config.compile}) compiled no graph in "
+                           "the first step: the model ran eagerly, so this config would "
+                           "measure something other than what it names")
+    result["applied"].update(compiled=spec.config.compile, compiled_graphs=graphs)
+    return True
 
 
 class _CompileLimit(BaseException):
