@@ -129,3 +129,36 @@ def test_a_study_follows_the_incumbents_diagnosis_and_records_why(tmp_path) -> N
     assert second.user_attrs["stage"].endswith("data wait -> num_workers 1")
     assert second.user_attrs["config"]["num_workers"] == 1
     assert "input-bound at" in out.stdout and "-> num_workers 1" in out.stdout
+
+
+def test_a_line_fastest_at_its_smallest_batch_steps_down() -> None:
+    """bf16 starts where fp32 stopped (32); on a CPU its rate can peak below that."""
+    space = narrow(parse_space({"knobs": {"micro_batch_size": {"choices": [8, 16, 32, 64, 128]},
+                                          "amp": {"choices": ["off", "bf16"]}}}, "t", "<test>"),
+                   fake_cpu(), 1, Config(micro_batch_size=8))
+    model = MemoryModel([], "cpu", 100 * 2**30)
+
+    def obs(rates: dict[tuple[int, str], float | None]) -> list[Observation]:
+        return [Observation(Config(micro_batch_size=m, amp=a), "ok" if r else "oom", r,
+                            2**30, spread_cv=0.01) for (m, a), r in rates.items()]
+
+    fp32 = {(8, "off"): 10.0, (16, "off"): 10.1, (32, "off"): 10.0}
+    # bf16 32 then 64 (slower); 128 OOM: the line's fastest is its smallest batch -> 16.
+    p = staged_next(space, Config(micro_batch_size=8),
+                    obs({**fp32, (32, "bf16"): 24.0, (64, "bf16"): 20.0, (128, "bf16"): None}),
+                    model)
+    assert p is not None and p.config.micro_batch_size == 16 and p.config.amp == "bf16"
+    assert p.stage == "staged: the line's fastest is its smallest batch: micro-batch 16 with " \
+        "amp bf16"
+    # 16 was faster still -> 8; once a smaller one is slower, the line is done.
+    p = staged_next(space, Config(micro_batch_size=8),
+                    obs({**fp32, (32, "bf16"): 24.0, (64, "bf16"): 20.0, (128, "bf16"): None,
+                         (16, "bf16"): 26.0}), model)
+    assert p is not None and p.config.micro_batch_size == 8
+    assert staged_next(space, Config(micro_batch_size=8),
+                       obs({**fp32, (32, "bf16"): 24.0, (64, "bf16"): 20.0,
+                            (128, "bf16"): None, (16, "bf16"): 22.0}), model) is None
+    # Fastest at the bottom only within the noise (a flat line): no step down.
+    assert staged_next(space, Config(micro_batch_size=8),
+                       obs({**fp32, (32, "bf16"): 24.0, (64, "bf16"): 23.9,
+                            (128, "bf16"): None}), model) is None

@@ -191,7 +191,8 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     fit (OOM, predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error),
     then bisection between the largest that fit and the smallest that did not. The first line
     starts at the baseline's batch; later ones at the largest batch an earlier line fit (lower
-    precision needs less memory), which saves the doublings up to it.
+    precision needs less memory), which saves the doublings up to it; a line whose fastest
+    batch is its smallest then steps down until a smaller batch is slower.
     """
     values = micro_values(space, baseline)
     if len(values) < 2:
@@ -217,8 +218,30 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
                 continue
             what = "largest micro-batch that fits" + (f" with amp {amp}" if amp != "off" else "")
             return Proposal(config, f"staged: {what}")
+        below = _below_the_best(values, rates, seen, noise)
+        if below is not None:
+            config = space.variant(line, micro_batch_size=below)
+            if not model.verdict(config) and not (too_slow is not None and too_slow(config)):
+                return Proposal(config, f"staged: the line's fastest is its smallest batch: "
+                                        f"micro-batch {below}"
+                                        + (f" with amp {amp}" if amp != "off" else ""))
         start = max((m for m, fits in seen.items() if fits), default=start)
     return None
+
+
+def _below_the_best(values: list[int], rates: dict[int, float], seen: dict[int, bool],
+                    noise: float) -> int | None:
+    """A line that started above its rate peak (a later precision starts at the batch the
+    previous line fit) and was fastest at its smallest batch, by more than the noise: the next
+    smaller batch, once per step down, until one is not faster."""
+    if len(rates) < 2:
+        return None
+    sizes = sorted(rates)
+    best = max(rates, key=lambda m: rates[m])
+    if best != sizes[0] or rates[best] <= rates[sizes[1]] * (1 + noise):
+        return None
+    smaller = [v for v in values if v < best and v not in seen]
+    return smaller[-1] if smaller else None
 
 
 def _gains_flat(rates: dict[int, float], noise: float) -> bool:
