@@ -418,7 +418,4 @@ class QuietReporter:
 
 def _story(summary: RunSummary) -> list[str]:
     """Each diagnosis-led trial: what limited the incumbent, the change, and its speedup."""
-    base = summary.baseline.samples_per_sec if summary.baseline else None
-    return story([(t.stage or "", t.samples_per_sec / base
-                   if t.samples_per_sec and base and t.status == "ok" else None)
-                  for t in summary.trials])
+    return story(summary.trials, summary.baseline.samples_per_sec if summary.baseline else None)

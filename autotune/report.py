@@ -241,10 +241,7 @@ def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialVie
                               + "".join(f"; {f}" for f in probe.get("flags", []))))
     if best is not None and (payback := compile_payback(trials, best)) is not None:
         rows.append(("compile", payback_words(payback)))
-    base_rate = _rate(base) if base is not None else None
-    for line in story([(v.stage or "", v.samples_per_sec / base_rate
-                        if v.samples_per_sec and base_rate and v.status == "ok" else None)
-                       for v in views]):
+    for line in story(views, _rate(base) if base is not None else None):
         rows.append(("search step", line))
     for finding in study.user_attrs.get("diagnosis") or []:
         rows.append(("limits the winner", str(finding.get("text"))))

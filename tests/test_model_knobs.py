@@ -21,10 +21,11 @@ QUICK = MeasureSettings(min_window_s=0.1, max_seconds=4, target_cv=0.5, min_wind
 
 
 def _trial(tmp_path: Path, spec: str, params: dict, config: Config,
-           measure: MeasureSettings = QUICK, env: dict[str, str] | None = None):  # noqa: ANN202
+           measure: MeasureSettings = QUICK, env: dict[str, str] | None = None,
+           events: list | None = None):  # noqa: ANN202
     p = plan(TrialSpec(WorkloadSpec(spec, params), config, device="cpu", measure=measure),
              workdir=tmp_path / "t", timeout_s=240, extra_env=env)
-    raw = execute(p)
+    raw = execute(p, on_event=events.append if events is not None else None)
     return raw, classify(raw)
 
 
@@ -85,16 +86,18 @@ def test_what_a_trial_applied_is_read_back_from_the_trial_process(tmp_path: Path
 
 def test_a_compiled_trial_records_its_compile_time_apart_and_fills_the_cache(
         tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
+    cache, events = tmp_path / "cache", []
     raw, m = _trial(tmp_path, "autotune.testing.workloads:tiny", {},
                     Config(micro_batch_size=4, compile="default"),
-                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}, events=events)
     assert m.ok, raw.stderr_tail[-2000:]
     assert m.applied["compiled"] == "default"
     assert m.compile["mode"] == "default"
-    assert m.compile["first_step_s"] > m.compile["steady_step_s"] > 0
-    # Compiling happened before warm-up: no warm-up step carries it.
-    assert max(m.warmup["step_times_s"]) < m.compile["first_step_s"]
+    assert m.compile["first_step_s"] == m.timings["compile_step_s"]
+    assert m.compile["steady_step_s"] == m.warmup["step_times_s"][-1]
+    # The compile step comes before warm-up and every window: none of them carries it.
+    kinds = [e["event"] for e in events]
+    assert "compiled" in kinds and kinds.index("compiled") < kinds.index("warmup_step")
     assert any(cache.iterdir())  # the study's shared cache
     assert m.applied["compiled_graphs"] >= 1  # read from Dynamo, not from the wrapper's type
 

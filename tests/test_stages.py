@@ -8,8 +8,9 @@ from typing import Any
 from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow, parse_space
 from autotune.testing.hardware import fake_cpu, fake_gpus
+from autotune.tuner.diagnosis import config_key as key
 from autotune.tuner.search import MemoryModel, Observation, staged_next
-from autotune.tuner.stages import diagnosis_next, key, story
+from autotune.tuner.stages import diagnosis_next, story
 
 GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
                    supports=DECLARED)
@@ -79,11 +80,16 @@ def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch
 
 
 def test_the_story_reads_each_diagnosis_stage_with_its_speedup() -> None:
-    assert story([("staged: largest micro-batch that fits", 2.0),
-                  ("diagnosis: input-bound at 72% data wait -> num_workers 8", 3.1),
-                  ("diagnosis: low MFU at 9% -> compile default", None)]) == [
-        "input-bound at 72% data wait -> num_workers 8: 3.10x",
-        "low MFU at 9% -> compile default: no result"]
+    from types import SimpleNamespace as T
+
+    trials = [T(stage=None, status="ok", samples_per_sec=10.0),
+              T(stage="staged: largest micro-batch that fits", status="ok", samples_per_sec=20.0),
+              T(stage="diagnosis: input-bound at 72% data wait -> num_workers 8", status="ok",
+                samples_per_sec=31.0),
+              T(stage="diagnosis: low MFU at 9% -> compile default", status="timeout",
+                samples_per_sec=None)]
+    assert story(trials, 10.0) == ["input-bound at 72% data wait -> num_workers 8: 3.10x",
+                                   "low MFU at 9% -> compile default: no result"]
 
 
 def test_the_default_space_does_not_cap_the_micro_batch() -> None:

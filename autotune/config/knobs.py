@@ -199,8 +199,7 @@ DDP_ARGUMENTS = {"gradient_as_bucket_view": (1, 7), "static_graph": (1, 11)}
 def torch_takes(argument: str, torch_version: str) -> bool:
     """Whether DDP in torch ``torch_version`` (``2.13.0+cpu``) takes ``argument``: read from
     the version, so narrowing a space never imports torch."""
-    parts = [int(p) for p in torch_version.split("+")[0].split(".")[:2] if p.isdigit()]
-    return tuple(parts) >= DDP_ARGUMENTS[argument]
+    return _version(torch_version) >= DDP_ARGUMENTS[argument]
 
 
 def _needs_ranks(hw: Hardware, world_size: int) -> str | None:
@@ -295,6 +294,7 @@ def _threads_value(value: Any, hw: Hardware, world_size: int) -> str | None:
 
 
 def _version(text: str) -> tuple[int, ...]:
+    """``2.13.0+cpu`` -> ``(2, 13)``."""
     return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
 
 

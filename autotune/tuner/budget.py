@@ -167,6 +167,12 @@ def startup_seconds(startups: Sequence[float], trial_timeout_s: float) -> float:
     return 1.5 * statistics.median(startups) + 2.0
 
 
+def hard_timeout(config: Config, trial_timeout_s: float, max_compile_s: float) -> float:
+    """Where a trial of ``config`` is killed: --trial-timeout, plus the compile limit for a
+    config that compiles (its compile step comes before, and outside, the measuring)."""
+    return trial_timeout_s + (max_compile_s if config.compile != "off" else 0.0)
+
+
 def compile_seconds(costs: Sequence[float], limit_s: float) -> float:
     """What compiling a config will cost: a fifth more than the longest compile the study saw
     (a cached graph compiles faster, a new one not), never above the compile limit; the limit

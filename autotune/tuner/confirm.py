@@ -28,7 +28,7 @@ from autotune.config.knobs import Config
 from autotune.profile import Profile
 from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.budget import confirm_settings
+from autotune.tuner.budget import confirm_settings, hard_timeout
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
 from autotune.tuner.results import (
     build_profile,
@@ -174,7 +174,7 @@ def _round(r: int, rounds: int, cands: list[Candidate],
     compiled config gets its compile limit on top of the trial timeout, as in the search."""
     results = []
     for c in cands:
-        hard = trial_timeout_s + (max_compile_s if c.config.compile != "off" else 0.0)
+        hard = hard_timeout(c.config, trial_timeout_s, max_compile_s)
         timeout = hard
         if deadline is not None:
             timeout = min(timeout, deadline - time.monotonic())

@@ -34,6 +34,7 @@ from autotune.profile import Profile
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import budget, claims, confirm, fleet, options, record, stages, storage
+from autotune.tuner.diagnosis import config_key
 from autotune.tuner.measure import Measurer
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
@@ -256,8 +257,8 @@ class Runner:
         if best is None:
             return None
         findings = diagnose_trial(self.study, trials, best, self.limit)
-        tried = {stages.key(o.config) for o in obs} | {
-            stages.key(Config.from_dict(c)) for c in running if c}
+        tried = {config_key(o.config) for o in obs} | {
+            config_key(Config.from_dict(c)) for c in running if c}
         return stages.diagnosis_next(self.space, Config.from_dict(best.user_attrs["config"]),
                                      [f.to_dict() for f in findings], tried, ruled_out)
 
@@ -365,9 +366,8 @@ class Runner:
                        remaining: float | None, settings: MeasureSettings) -> Measurement:
         """Run the trial's process with ``settings`` (the search's, or a longer measuring
         budget its steps need); a trial the run's --timeout cut short is no result."""
-        # A compiled config gets its compile limit on top of the trial timeout.
-        hard = self.opts.trial_timeout_s + (
-            self.opts.measure.max_compile_s if config.compile != "off" else 0.0)
+        hard = budget.hard_timeout(config, self.opts.trial_timeout_s,
+                                   self.opts.measure.max_compile_s)
         cut = remaining is not None and remaining < hard
         timeout = max(1.0, min(hard, remaining or math.inf))
         self.reporter.trial_started(trial.number, index, self.opts.trials, config, is_baseline,

@@ -201,6 +201,7 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     noise = noise_of(observations)
     for amp in precisions(space, baseline):
         line = space.variant(baseline, amp=amp)
+        with_amp = f" with amp {amp}" if amp != "off" else ""
         seen: dict[int, bool] = {}
         rates: dict[int, float] = {}
         for o in observations:
@@ -216,15 +217,13 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
             if model.verdict(config) or (too_slow is not None and too_slow(config)):
                 seen[nxt] = False  # ruled out by a model: no trial needed
                 continue
-            what = "largest micro-batch that fits" + (f" with amp {amp}" if amp != "off" else "")
-            return Proposal(config, f"staged: {what}")
+            return Proposal(config, f"staged: largest micro-batch that fits{with_amp}")
         below = _below_the_best(values, rates, seen, noise)
         if below is not None:
             config = space.variant(line, micro_batch_size=below)
             if not model.verdict(config) and not (too_slow is not None and too_slow(config)):
                 return Proposal(config, f"staged: the line's fastest is its smallest batch: "
-                                        f"micro-batch {below}"
-                                        + (f" with amp {amp}" if amp != "off" else ""))
+                                        f"micro-batch {below}{with_amp}")
         start = max((m for m, fits in seen.items() if fits), default=start)
     return None
 

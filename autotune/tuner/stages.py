@@ -13,12 +13,13 @@ num_workers 2". Pure functions over what the study has measured; the runner queu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
+from autotune.tuner.diagnosis import config_key as key
+from autotune.tuner.results import TrialView
 from autotune.tuner.search import Proposal
 
 # What addresses each kind of finding, in the order it is tried.
@@ -75,10 +76,6 @@ def _values(knob: str, domain: Choices, current: Any) -> list[Any]:
     return [v for v in first + rest if v != current]
 
 
-def key(config: Config) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
-
-
 def diagnosis_next(space: NarrowedSpace, incumbent: Config,
                    findings: Iterable[Mapping[str, Any]], tried: set[str],
                    ruled_out: Callable[[Config], bool]) -> Proposal | None:
@@ -123,13 +120,17 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def story(stages: Sequence[tuple[str, float | None]]) -> list[str]:
+def story(trials: Sequence[TrialView], baseline_rate: float | None) -> list[str]:
     """Lines for the console and the dashboard: each diagnosis-led trial's stage and the speedup
-    it measured over the baseline (``(stage, speedup)``)."""
+    its search trial measured over the baseline's."""
     out = []
-    for stage, speedup in stages:
-        if not stage.startswith("diagnosis: "):
+    for t in trials:
+        if not (t.stage or "").startswith("diagnosis: "):
             continue
-        told = stage.removeprefix("diagnosis: ")
-        out.append(f"{told}: {speedup:.2f}x" if speedup is not None else f"{told}: no result")
+        told = (t.stage or "").removeprefix("diagnosis: ")
+        rate = t.samples_per_sec
+        if t.status == "ok" and rate and baseline_rate:
+            out.append(f"{told}: {rate / baseline_rate:.2f}x")
+        else:
+            out.append(f"{told}: no result")
     return out
