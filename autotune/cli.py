@@ -86,9 +86,14 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-@app.command()
+@app.command(context_settings={"allow_interspersed_args": False})
 @guarded
 def run(
+    command: Annotated[list[str] | None, typer.Argument(
+        help="Your own training script, after --, run unchanged as each trial: e.g. "
+             "-- torchrun --nproc-per-node 2 train.py --data d/ (it loads the candidate with "
+             "autotune.load_profile() and reports steps: autotune.step() or the callback)",
+        show_default=False)] = None,
     model: Annotated[str, typer.Option(
         "--model", "-m",
         help="Built-in workload (see `autotune list`), pkg.module:function, or path/to/file.py")
@@ -155,12 +160,14 @@ def run(
         "--json", help="Print one JSON object per event on stdout, for scripts")] = False,
     debug: Debug = False,
 ) -> None:
-    """Tune a workload on this machine and export the winner as a profile."""
+    """Tune a workload, or your own training script (after --), on this machine and export
+    the winner as a profile."""
     from autotune.console import ConsoleReporter, JsonReporter
     from autotune.machine.hardware import detect
     from autotune.report import write_dashboard
     from autotune.tuner.runner import run as run_study
 
+    command = command or []
     opts = options.from_flags(
         hw=detect(), param=param or [], timeout=timeout, trial_timeout=trial_timeout,
         trial_seconds=trial_seconds, window_seconds=window_seconds, patience=patience,
@@ -168,7 +175,7 @@ def run(
         memory_limit=memory_limit, out_dir=out, seed=seed, nproc=nproc,
         global_batch=global_batch, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
         prune=prune, probe=probe, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-        launcher=launcher)
+        launcher=launcher, command=tuple(command[1:] if command[:1] == ["--"] else command))
     _sigterm_as_interrupt()
     summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter(), write_dashboard)
     if summary.best is None:

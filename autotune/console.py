@@ -361,7 +361,7 @@ def _result_table(summary: RunSummary) -> Table:
         table.add_row(name, Text(view.config.describe()), f"{view.samples_per_sec:,.2f}",
                       "1 window" if view.spread_cv is None else f"{view.spread_cv * 100:.1f}%",
                       format_bytes(view.peak_memory_bytes),
-                      *(f"{b.get(k, 0) * 100:.0f}%" for k in shares),
+                      *(f"{b[k] * 100:.0f}%" if k in b else "unknown" for k in shares),
                       "-" if view.mfu is None else f"{100 * view.mfu:.1f}%")
     return table
 

@@ -9,16 +9,18 @@ torch objects, and never Optuna.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune import steps
 from autotune.config.knobs import TUNED_ENV, Config
 from autotune.errors import ProfileError
 from autotune.trial.apply import (
@@ -46,6 +48,20 @@ _MAPPINGS = ("workload", "config", "env", "result", "baseline", "fingerprint", "
 _REQUIRED = ("schema", *_MAPPINGS, "speedup")
 # Environment variables a training process gets from `autotune launch`: the profile's path.
 PROFILE_ENV = "AUTOTUNE_PROFILE"
+
+
+def _tracked(method: Callable[..., Any]) -> Any:
+    """Record the first call of a ``Profile`` method in a trial of ``autotune run -- CMD``
+    (``steps.accessed``): the tuner searches only the knobs the script applies. Costs a
+    global lookup outside a trial."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def tracked(self: Profile, *args: Any, **kwargs: Any) -> Any:
+        steps.accessed(name)
+        return method(self, *args, **kwargs)
+
+    return tracked
 
 
 class FingerprintWarning(UserWarning):
@@ -80,11 +96,13 @@ class Profile:
     # -- what was tuned -------------------------------------------------------------------------
 
     @property
+    @_tracked
     def micro_batch_size(self) -> int:
         """Samples per forward/backward on each rank: the DataLoader's batch_size."""
         return self.config.micro_batch_size
 
     @property
+    @_tracked
     def accumulation_steps(self) -> int:
         """Micro-batches per optimizer step (gradients synchronised on the last one only)."""
         return self.config.grad_accum_steps
@@ -106,6 +124,7 @@ class Profile:
 
     # -- applying it ----------------------------------------------------------------------------
 
+    @_tracked
     def dataloader_kwargs(self, device: str | torch.device | None = None) -> dict[str, Any]:
         """``batch_size``, ``num_workers``, ``pin_memory`` and, with workers, ``prefetch_factor``
         and ``persistent_workers``, as the trials ran them. Add your dataset, sampler and
@@ -113,11 +132,13 @@ class Profile:
         CUDA if available)."""
         return loader_kwargs(self.config, _device_type(device))
 
+    @_tracked
     def ddp_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``DistributedDataParallel``: the bucket size and, where this
         torch's DDP takes them, gradient views and static graph."""
         return ddp_kwargs(self.config)
 
+    @_tracked
     def autocast(self, device: str | torch.device | None = None) -> Any:
         """A context manager for the forward pass and loss: ``torch.autocast`` in the profile's
         precision, or a no-op for fp32."""
@@ -127,6 +148,7 @@ class Profile:
         return torch.autocast(_device_type(device), dtype=dtype or torch.float32,
                               enabled=dtype is not None)
 
+    @_tracked
     def grad_scaler(self, device: str | torch.device | None = None) -> torch.amp.GradScaler:
         """A ``torch.amp.GradScaler``, enabled only for fp16 on CUDA (bf16 and fp32 need no
         loss scaling; a disabled scaler passes ``scale``, ``step`` and ``update`` through)."""
@@ -135,6 +157,7 @@ class Profile:
         kind = _device_type(device)
         return torch.amp.GradScaler(kind, enabled=uses_grad_scaler(self.config, kind))
 
+    @_tracked
     def apply_env(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
         """Set the profile's environment (``NCCL_ALGO``, ``NCCL_PROTO``) in this process.
 
@@ -172,6 +195,7 @@ class Profile:
                                f"variables it tunes ({', '.join(TUNED_ENV)}); remove the others "
                                "from the profile's env")
 
+    @_tracked
     def apply_torch_flags(self) -> dict[str, Any]:
         """Set the process-wide torch settings the profile tuned: intra-op threads (when it
         set them) and the fp32 matmul precision (TF32 or not). Call once at start, before
@@ -179,16 +203,19 @@ class Profile:
         return set_torch_flags(self.config)
 
     @property
+    @_tracked
     def attn_implementation(self) -> str | None:
         """The attention implementation for transformers' ``from_pretrained`` /
         ``from_config`` (``attn_implementation=``); None: the model's own default."""
         return None if self.config.attention == "default" else self.config.attention
 
+    @_tracked
     def optimizer_kwargs(self) -> dict[str, Any]:
         """``foreach`` / ``fused`` for your torch optimizer's constructor, as the trials ran it
         (``{}``: the optimizer's own default). ``AdamW(params, lr=..., **p.optimizer_kwargs())``."""
         return optimizer_kwargs(self.config)
 
+    @_tracked
     def apply_optimizer(self, optimizer: Any) -> Any:
         """``optimizer`` rebuilt (same class, groups and hyperparameters) with the tuned
         implementation, before its first step: for a script whose optimizer is built elsewhere
@@ -196,6 +223,7 @@ class Profile:
         Build any LR scheduler after this call: one built before drives the old optimizer."""
         return rebuild_optimizer(optimizer, self.config)
 
+    @_tracked
     def prepare_model(self, model: Any, compile: bool = True) -> Any:
         """The model as the trials ran it: its attention implementation and activation
         checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
@@ -204,12 +232,14 @@ class Profile:
         model = prepare_model(model, self.config)
         return self.compile_model(model) if compile else model
 
+    @_tracked
     def compile_model(self, model: Any) -> Any:
         """``torch.compile(model, mode=...)`` when the profile compiles, else ``model``."""
         return compile_model(model, self.config)
 
     # -- integrations ---------------------------------------------------------------------------
 
+    @_tracked
     def hf_training_args(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
         accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
@@ -247,6 +277,7 @@ class Profile:
             kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
         return kwargs
 
+    @_tracked
     def lightning_trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for a Lightning ``Trainer``: ``precision``,
         ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
@@ -265,7 +296,7 @@ class Profile:
                 from lightning.pytorch.strategies import DDPStrategy
             except ImportError:
                 try:
-                    from pytorch_lightning.strategies import DDPStrategy  # type: ignore[assignment]
+                    from pytorch_lightning.strategies import DDPStrategy
                 except ImportError:
                     raise ProfileError("lightning_trainer_kwargs() needs Lightning for its DDP "
                                        "strategy: pip install lightning") from None
@@ -453,8 +484,12 @@ def _expanded_size(data: Any, cap: int) -> int:
 def load_profile(path: str | Path | None = None, check_fingerprint: bool = True) -> Profile:
     """Load a profile safely. Warns (FingerprintWarning) when tuned on other hardware.
 
-    Without ``path``, loads the one ``autotune launch`` named in ``AUTOTUNE_PROFILE``.
+    Without ``path``, loads the one ``autotune launch`` named in ``AUTOTUNE_PROFILE``. In a
+    trial of ``autotune run -- CMD`` it always loads the trial's candidate config (also named
+    in ``AUTOTUNE_PROFILE``), whatever ``path`` the script passes: a script that loads its
+    production profile by path is tuned as it is, and says so once on stderr.
     """
+    path = _trial_candidate(path)
     if path is None:
         path = os.environ.get(PROFILE_ENV)
         if not path:
@@ -492,6 +527,19 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
             warnings.warn(f"profile {path} was tuned on a different machine or software: "
                           f"{'; '.join(differs)}", FingerprintWarning, stacklevel=2)
     return profile
+
+
+def _trial_candidate(path: str | Path | None) -> str | Path | None:
+    """``path``, or in a trial the candidate profile the tuner wrote for it (and the load is
+    recorded: a script that never loads a profile applies no knob)."""
+    candidate = os.environ.get(PROFILE_ENV)
+    if not steps.in_trial() or not candidate:
+        return path
+    steps.accessed("load_profile")
+    if path is not None and os.path.abspath(path) != os.path.abspath(candidate):
+        steps.note_once(f"autotune: load_profile({str(path)!r}) in a trial of `autotune run`: "
+                        "loading the trial's candidate config instead")
+    return candidate
 
 
 def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

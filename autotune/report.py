@@ -445,7 +445,8 @@ def _top_table(views: list[TrialView], limit: int) -> Any:
             [f"{v.samples_per_sec:,.2f}" for v in top],
             ["-" if v.spread_cv is None else f"{100 * v.spread_cv:.1f}%" for v in top],
             [format_bytes(v.peak_memory_bytes) for v in top],
-            [f"{100 * v.breakdown.get('data_wait', 0.0):.0f}%" for v in top],
+            [f"{100 * v.breakdown['data_wait']:.0f}%" if "data_wait" in v.breakdown
+             else "unknown" for v in top],
             ["-" if v.mfu is None else f"{100 * v.mfu:.1f}%" for v in top]]
     return go.Figure(go.Table(
         header={"values": ["trial", "config", "samples/sec", "spread", "peak memory",

@@ -215,3 +215,37 @@ def resolve(spec: str, params: Mapping[str, Any] | None = None) -> Workload:
                             f"{', '.join(missing) or 'default_micro_batch'}; "
                             "see autotune.workloads.Workload")
     return workload
+
+
+# A script's micro-batch before tuning, unless --param batch=N says otherwise: Hugging Face
+# TrainingArguments' per_device_train_batch_size default.
+SCRIPT_DEFAULT_BATCH = 8
+
+
+@dataclass(frozen=True)
+class ScriptWorkload:
+    """A training script tuned as it is (``autotune run -- CMD``): the script owns model, data
+    and loop; autotune knows its name and the micro-batch its baseline starts from. Every model
+    knob may apply: which ones do is learnt from the baseline trial (``steps.accessed``)."""
+
+    name: str
+    default_micro_batch: int = SCRIPT_DEFAULT_BATCH
+
+    @property
+    def supports(self) -> tuple[str, ...]:
+        from autotune.config.knobs import DECLARED
+
+        return DECLARED
+
+
+def script_workload(name: str, params: Mapping[str, Any]) -> ScriptWorkload:
+    """The script's workload; ``batch`` (its micro-batch without tuning) is its one param."""
+    unknown = sorted(set(params) - {"batch"})
+    if unknown:
+        raise WorkloadError(f"a script takes --param batch=N only (the micro-batch it trains "
+                            f"with before tuning), got {', '.join(unknown)}: the script's own "
+                            "arguments go after --")
+    batch = params.get("batch", SCRIPT_DEFAULT_BATCH)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise WorkloadError(f"--param batch must be a positive integer, got {batch!r}")
+    return ScriptWorkload(name, batch)

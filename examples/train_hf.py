@@ -2,9 +2,12 @@
 
     python examples/train_hf.py --profile studies/<study>/profile.yaml --max-steps 20
     autotune launch profile.yaml -- torchrun --nproc-per-node 2 examples/train_hf.py
+    autotune run -- python examples/train_hf.py
 
 A tiny BERT on generated tokens, so it runs anywhere on a CPU in seconds; bring your own model
 and dataset. The profile sets batch size, accumulation, precision, the DataLoader and DDP.
+Under `autotune run` each trial runs this script with a candidate profile; the callback
+reports the steps and ends training when the tuner has measured enough.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
 import autotune
+from autotune.integrations.hf import AutotuneCallback
 
 
 class MaskedTokens(torch.utils.data.Dataset):
@@ -40,7 +44,8 @@ class MaskedTokens(torch.utils.data.Dataset):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="profile.yaml (default: $AUTOTUNE_PROFILE)")
-    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--max-steps", type=int, help="optimizer steps (default: 20; in a "
+                        "trial of `autotune run`, until the tuner stops it)")
     parser.add_argument("--seq-len", type=int, default=64)
     args = parser.parse_args()
 
@@ -53,12 +58,14 @@ def main() -> None:
     if profile.attn_implementation:  # from_pretrained takes attn_implementation= directly
         model.set_attn_implementation(profile.attn_implementation)
     tuned = profile.hf_training_args()
+    max_steps = args.max_steps or (10**9 if autotune.in_trial() else 20)
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(
-            output_dir=out, max_steps=args.max_steps, report_to="none", save_strategy="no",
-            logging_steps=args.max_steps, dataloader_drop_last=True, **tuned)
+            output_dir=out, max_steps=max_steps, report_to="none", save_strategy="no",
+            logging_steps=max_steps, dataloader_drop_last=True, **tuned)
         trainer = Trainer(model=model, args=training_args,
-                          train_dataset=MaskedTokens(4096, args.seq_len, 1000))
+                          train_dataset=MaskedTokens(4096, args.seq_len, 1000),
+                          callbacks=[AutotuneCallback()])  # a no-op outside `autotune run`
         result = trainer.train()
     if training_args.process_index == 0:
         print(json.dumps({"steps": result.global_step, "loss": result.training_loss,

@@ -1,10 +1,13 @@
 """A Lightning Trainer run with an autotune profile: Trainer and DataLoader from the profile.
 
     python examples/train_lightning.py --profile studies/<study>/profile.yaml --max-steps 20
+    autotune run -- python examples/train_lightning.py
 
 With a multi-rank profile, Lightning starts the ranks itself (``devices`` and a ``DDPStrategy``
 with the profile's bucket size come from the profile). A tiny MLP on generated data, so it runs
-anywhere on a CPU in seconds; bring your own LightningModule and dataset.
+anywhere on a CPU in seconds; bring your own LightningModule and dataset. Under `autotune run`
+each trial runs this script with a candidate profile; the callback reports the steps and ends
+``fit`` when the tuner has measured enough.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import lightning.pytorch as pl
 import torch
 
 import autotune
+from autotune.integrations.lightning import AutotuneCallback
 
 
 class Features(torch.utils.data.Dataset):
@@ -52,15 +56,19 @@ class Classifier(pl.LightningModule):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="profile.yaml (default: $AUTOTUNE_PROFILE)")
-    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--max-steps", type=int, help="optimizer steps (default: 20; in a "
+                        "trial of `autotune run`, until the tuner stops it)")
     args = parser.parse_args()
 
     profile = autotune.load_profile(args.profile)
     profile.apply_env()  # before Lightning starts the process group
     profile.apply_torch_flags()  # intra-op threads, TF32
     tuned = profile.lightning_trainer_kwargs()  # precision, accumulation, DDP strategy, devices
-    trainer = pl.Trainer(max_steps=args.max_steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, **tuned)
+    max_steps = args.max_steps or (10**9 if autotune.in_trial() else 20)
+    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[AutotuneCallback()],  # a no-op outside `autotune run`
+                         **tuned)
     # Lightning adds the DistributedSampler itself when there are several ranks.
     loader = torch.utils.data.DataLoader(Features(), shuffle=True, drop_last=True,
                                          **profile.dataloader_kwargs())

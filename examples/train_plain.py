@@ -2,13 +2,20 @@
 
     python examples/train_plain.py --profile studies/<study>/profile.yaml --seconds 20
     autotune launch profile.yaml -- torchrun --nproc-per-node 2 examples/train_plain.py
+    autotune run -- python examples/train_plain.py --workload mlp
 
 The model and data are the workload the profile was tuned on, so the speed printed at the end
-can be compared with the profile's; in your script they are your own. Everything else is what
-you would keep: the profile sets the DataLoader, precision, accumulation, DDP and environment.
+can be compared with the profile's (``--workload`` picks another; a profile tuned on a command
+by `autotune run` names none: mlp then); in your script they are your own. Everything else is
+what you would keep: the profile sets the DataLoader, precision, accumulation, DDP and
+environment.
 The speed is reported two ways: over the whole timed run, and as the median of 0.5 s windows,
 which is how autotune's trials report theirs (a machine that is busy now and then slows some
 windows; the median leaves those out, the whole-run figure does not).
+
+Under `autotune run` each trial runs this script with a candidate profile: the loop reports
+every optimizer step (``autotune.step()``) and leaves when ``autotune.should_stop()``; outside a
+trial both do nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import time
@@ -26,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 import autotune
-from autotune.workloads import resolve
+from autotune.workloads import builtin_workloads, parse_params, resolve
 
 
 @dataclass
@@ -77,10 +85,25 @@ def to_device(batch, device, non_blocking):
     return type(batch)(to_device(v, device, non_blocking) for v in batch)
 
 
+def choose_workload(profile: autotune.Profile, name: str | None = None,
+                    params: list[str] | None = None) -> Any:
+    """The model, data and loss to train: workload ``name`` (a built-in, a .py file or
+    module:function) with ``params`` ("k=v") over the profile's own. By default the profile's
+    workload; mlp for a profile tuned on a command (`autotune run`), which names no model."""
+    spec = profile.workload.get("spec") or ""
+    if name is None:
+        names_model = spec in builtin_workloads() or spec.endswith(".py") or ":" in spec
+        name = spec if names_model else "mlp"
+    tuned_params = (profile.workload.get("params") or {}) if name == spec else {}
+    return resolve(name, {**tuned_params, **parse_params(params or [])})
+
+
 def build(profile: autotune.Profile, device: torch.device, world: int = 1,
-          local_rank: int = 0) -> Training:
-    """Model, optimizer, DataLoader and scaler as the profile sets them."""
-    workload = resolve(profile.workload["spec"], profile.workload.get("params") or {})
+          local_rank: int = 0, workload: Any = None) -> Training:
+    """Model, optimizer, DataLoader and scaler as the profile sets them, for ``workload``
+    (default: ``choose_workload(profile)``)."""
+    if workload is None:
+        workload = choose_workload(profile)
     torch.manual_seed(0)
     # Attention implementation and activation checkpointing, then compile when tuned.
     module = profile.prepare_model(workload.build_model(), compile=False).to(device)
@@ -101,26 +124,24 @@ def build(profile: autotune.Profile, device: torch.device, world: int = 1,
     return Training(profile, device, workload, model, optimizer, loader, sampler, scaler, world)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", help="profile.yaml (default: $AUTOTUNE_PROFILE, which "
-                        "`autotune launch` sets)")
-    parser.add_argument("--seconds", type=float, default=20.0, help="how long to time steps")
-    parser.add_argument("--warmup-steps", type=int, default=3)
-    args = parser.parse_args()
-
-    profile = autotune.load_profile(args.profile)  # warns if tuned on other hardware
-    profile.apply_env()  # NCCL_ALGO/NCCL_PROTO: before the process group starts
-    profile.apply_torch_flags()  # intra-op threads, TF32: before building the model
-    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if world != profile.world_size and rank == 0:
-        print(f"note: the profile was measured with {profile.world_size} rank(s), this is {world}")
-    training = build(profile, device, world, local_rank)
+def measure(training: Training, seconds: float, warmup_steps: int,
+            max_steps: float = math.inf) -> dict[str, Any]:
+    """Train and time it: one step of one-time costs, ``warmup_steps`` that size the run, then
+    about ``seconds`` of timed steps, in windows of about 0.5 s. Ends early at ``max_steps``
+    steps in all, or once the tuner running this script as a trial says stop."""
+    device, world = training.device, training.world
     stream = training.batches()
+    ran, loss = 0, torch.tensor(float("nan"))
+
+    def run(n: float) -> int:
+        """Up to ``n`` optimizer steps; returns how many ran."""
+        nonlocal ran, loss
+        done = 0
+        while done < n and ran < max_steps and not autotune.should_stop():
+            loss = training.step(stream)
+            autotune.step()  # the step has ended: the tuner counts it (a no-op outside a trial)
+            done, ran = done + 1, ran + 1
+        return done
 
     def sync() -> None:
         if device.type == "cuda":
@@ -133,39 +154,75 @@ def main() -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    training.step(stream)  # the first step pays one-time costs (workers, allocator, DDP buckets)
+    run(1)  # the first step pays one-time costs (workers, allocator, DDP buckets)
     sync()
     t0 = time.perf_counter()
-    for _ in range(args.warmup_steps):  # also sizes the timed run
-        training.step(stream)
+    warm = run(warmup_steps)  # also sizes the timed run
     sync()
-    per_step = slowest(time.perf_counter() - t0) / max(args.warmup_steps, 1)
-    steps = max(3, int(args.seconds / per_step))
+    per_step = max(slowest(time.perf_counter() - t0) / max(warm, 1), 1e-9)
+    steps = max(3, int(seconds / per_step)) if seconds < math.inf else math.inf
     window_steps = max(1, round(0.5 / per_step))
-    windows, start = [], time.perf_counter()
+    windows: list[float] = []
+    timed, start = 0, time.perf_counter()
     mark = start
-    for i in range(steps):
-        loss = training.step(stream)
-        if (i + 1) % window_steps == 0:
+    while timed < steps:
+        wanted = min(window_steps, steps - timed)
+        done = run(wanted)
+        timed += done
+        if done == window_steps:
             sync()
             now = time.perf_counter()
             windows.append(slowest(now - mark))
             mark = now
+        if done < wanted:  # stopped
+            break
     sync()
     elapsed = slowest(time.perf_counter() - start)
-    samples_per_step = profile.accumulation_steps * training.loader.batch_size * world
-    rate = steps * samples_per_step / elapsed  # global samples per second, the whole run
+    samples_per_step = training.profile.accumulation_steps * training.loader.batch_size * world
+    rate = timed * samples_per_step / elapsed  # global samples per second, the whole run
     median = statistics.median(window_steps * samples_per_step / w for w in windows) \
         if windows else rate
+    return {"samples_per_sec": rate, "median_window_samples_per_sec": median, "steps": timed,
+            "seconds": elapsed, "loss": loss.item()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", help="profile.yaml (default: $AUTOTUNE_PROFILE, which "
+                        "`autotune launch` and `autotune run` set)")
+    parser.add_argument("--seconds", type=float, help="how long to time steps (default: 20; in "
+                        "a trial of `autotune run`, until the tuner stops it)")
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps in all")
+    parser.add_argument("--workload", help="the workload to train (default: the profile's; mlp "
+                        "for a profile tuned on a command)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a parameter of the workload (repeatable)")
+    args = parser.parse_args()
+
+    profile = autotune.load_profile(args.profile)  # warns if tuned on other hardware
+    profile.apply_env()  # NCCL_ALGO/NCCL_PROTO: before the process group starts
+    profile.apply_torch_flags()  # intra-op threads, TF32: before building the model
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if world != profile.world_size and rank == 0:
+        print(f"note: the profile was measured with {profile.world_size} rank(s), this is {world}")
+    workload = choose_workload(profile, args.workload, args.param)
+    training = build(profile, device, world, local_rank, workload)
+    seconds = args.seconds if args.seconds is not None else \
+        math.inf if autotune.in_trial() else 20.0
+    report = measure(training, seconds, args.warmup_steps, args.max_steps or math.inf)
     model = training.model  # DDP's arguments, as it holds them
     ddp = {"bucket_cap_mb": model.bucket_bytes_cap / 2**20,
            "gradient_as_bucket_view": model.gradient_as_bucket_view,
            "static_graph": model.static_graph} if world > 1 else {}
     if rank == 0:
-        print(json.dumps({"samples_per_sec": rate, "median_window_samples_per_sec": median,
-                          "profile_samples_per_sec": profile.samples_per_sec,
-                          "ratio": rate / profile.samples_per_sec, "steps": steps,
-                          "seconds": elapsed, "loss": loss.item(),
+        tuned = profile.samples_per_sec  # 0 in a trial's candidate profile: nothing measured yet
+        print(json.dumps({**report, "profile_samples_per_sec": tuned,
+                          "ratio": report["samples_per_sec"] / tuned if tuned else None,
                           "env": {k: os.environ.get(k) for k in profile.env}, "ddp": ddp}))
     if world > 1:
         dist.destroy_process_group()

@@ -181,3 +181,26 @@ def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory
     assert larger_over_limit(trials, Config(micro_batch_size=64, amp="bf16"), GIB) is None
     # 32 won although 64 and 128 fit: throughput stopped growing before the wall at 256.
     assert larger_over_limit(trials, Config(micro_batch_size=32), 12 * GIB) is None
+
+
+def test_an_unmeasured_wait_is_no_evidence_of_compute_bound() -> None:
+    # A script that reports no data wait: its breakdown has none, and nothing rules it out.
+    m = {"breakdown": {"compute": 1.0}, "peak_memory_bytes": GIB}
+    (only,) = diagnose(m, Config(micro_batch_size=16), device="cpu", limit=16 * GIB)
+    assert only.kind == "unexplained" and only.text.startswith("not diagnosed: ")
+    assert "data wait unknown (not reported)" in only.text
+    assert "(test: num_workers 2" not in only.text and "test: num_workers 2" in only.text
+    assert only.evidence["data_wait_share"] is None
+    # Two ranks of a script: the all-reduce wait is unknown too, though the data wait is not.
+    m2 = {"breakdown": {"data_wait": 0.01, "compute": 0.99}, "peak_memory_bytes": GIB}
+    (only,) = diagnose(m2, Config(world_size=2), device="cpu", limit=16 * GIB)
+    assert only.kind == "unexplained" and "communication unknown (not reported)" in only.text
+
+
+def test_a_test_the_script_cannot_run_says_so() -> None:
+    m = {"breakdown": {"data_wait": 0.0}, "peak_memory_bytes": GIB}
+    why = "train.py never uses accumulation_steps(): grad_accum_steps is not searched"
+    (only,) = diagnose(m, Config(), device="cpu", limit=16 * GIB,
+                       unapplied={"grad_accum_steps": why})
+    assert f"test: grad_accum_steps 2 with micro-batch 8; not run by this study: {why}" \
+        in only.text

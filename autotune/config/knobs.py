@@ -394,3 +394,46 @@ def env_for(config: Config) -> dict[str, str]:
         if config.nccl_proto != "default":
             env["NCCL_PROTO"] = config.nccl_proto
     return env
+
+
+# Which ``Profile`` methods apply each knob in a training script: a script tuned as it is
+# (``autotune run -- CMD``) that calls none of a knob's methods cannot feel it, so the knob is
+# not searched. The NCCL knobs are absent: the trial's launcher sets them in the environment.
+APPLIED_BY: dict[str, tuple[str, ...]] = {
+    "micro_batch_size": ("micro_batch_size", "dataloader_kwargs", "hf_training_args"),
+    "grad_accum_steps": ("accumulation_steps", "hf_training_args", "lightning_trainer_kwargs"),
+    "amp": ("autocast", "hf_training_args", "lightning_trainer_kwargs"),
+    "ddp_bucket_cap_mb": ("ddp_kwargs", "hf_training_args", "lightning_trainer_kwargs"),
+    "ddp_gradient_as_bucket_view": ("ddp_kwargs", "lightning_trainer_kwargs"),
+    "ddp_static_graph": ("ddp_kwargs", "hf_training_args", "lightning_trainer_kwargs"),
+    "num_workers": ("dataloader_kwargs", "hf_training_args"),
+    "pin_memory": ("dataloader_kwargs", "hf_training_args"),
+    "prefetch_factor": ("dataloader_kwargs", "hf_training_args"),
+    "optimizer_impl": ("optimizer_kwargs", "apply_optimizer", "hf_training_args"),
+    "compile": ("compile_model", "hf_training_args"),
+    "matmul_precision": ("apply_torch_flags", "hf_training_args"),
+    "attention": ("attn_implementation", "prepare_model"),
+    "activation_checkpointing": ("prepare_model", "hf_training_args"),
+    "cpu_threads": ("apply_torch_flags",),
+}
+
+
+_PROPERTIES = ("micro_batch_size", "accumulation_steps", "attn_implementation")
+
+
+def unapplied(searched: list[str], accessed: set[str], script: str) -> dict[str, str]:
+    """The searched knobs a script never applies (it called none of their ``APPLIED_BY``
+    methods, read none of those properties), each with the reason printed and stored on the
+    study."""
+    found: dict[str, str] = {}
+    for name in searched:
+        methods = APPLIED_BY.get(name)
+        if methods is None or accessed & set(methods):
+            continue
+        if not accessed:  # not one profile method: the script never loaded its profile
+            found[name] = (f"{script} never loads a profile (autotune.load_profile()): {name} "
+                           "is not searched")
+            continue
+        calls = " or ".join(m if m in _PROPERTIES else f"{m}()" for m in methods)
+        found[name] = f"{script} never uses {calls}: {name} is not searched"
+    return found

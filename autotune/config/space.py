@@ -224,6 +224,14 @@ class NarrowedSpace:
             values[name] = self._derived_value(name, values["micro_batch_size"])
         return _config(values, base, self.world_size)
 
+    def fix(self, reasons: dict[str, str], baseline: Config) -> NarrowedSpace:
+        """This space with the named searched knobs fixed at their baseline, for the reasons
+        given (a script that never applies them)."""
+        base = baseline.to_dict()
+        moved = {k: (base[k], why) for k, why in reasons.items() if k in self.searched}
+        return replace(self, searched={k: d for k, d in self.searched.items() if k not in moved},
+                       fixed={**self.fixed, **moved})
+
     def params_for(self, config: Config) -> dict[str, Any]:
         """Optuna params that make a trial run ``config`` (for enqueueing the baseline)."""
         data = config.to_dict()

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 from autotune.config.knobs import env_for
 from autotune.paths import import_root
+from autotune.trial.command import Command, clear, command_env
+from autotune.trial.driver import StepDriver
 from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
@@ -76,6 +78,7 @@ class TrialPlan:
     device: str = "cpu"
     torchrun: tuple[str, ...] = ()  # torchrun's flags, for a multi-rank trial
     rdzv_id: str | None = None  # the rendezvous of a trial across machines
+    script: str | None = None  # the user's script a command trial runs (``trial.command``)
 
 
 def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.executable,
@@ -134,6 +137,26 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
                      memory_limit_bytes=spec.memory_limit_bytes if device == "cpu" else None,
                      address_space_bytes=spec.address_space_bytes, device=device,
                      torchrun=torchrun, rdzv_id=rdzv_id if nodes is not None else None)
+
+
+def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s: float,
+                 profile_path: Path, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
+    """A trial that runs the user's command unchanged (its own launcher starts its ranks), with
+    the candidate config at ``profile_path`` and the step protocol's folder ``workdir``. The
+    spec is written beside it for the record; the command does not read it."""
+    config = spec.config
+    env = {**env_for(config), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+           **command_env(workdir, profile_path,
+                         config.micro_batch_size * config.grad_accum_steps),
+           **dict(extra_env or {})}
+    files = {k: str(workdir / f"{k}.{ext}") for k, ext in
+             (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+    env[TRIAL_TOKEN] = new_token(files["result"])
+    return TrialPlan(argv=command.argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),
+                     spec_path=files["spec"], result_path=files["result"],
+                     progress_path=files["progress"], stderr_path=files["stderr"],
+                     memory_limit_bytes=spec.memory_limit_bytes if spec.device == "cpu" else None,
+                     device=spec.device, script=command.name)
 
 
 def published(p: TrialPlan) -> dict[str, Any]:
@@ -225,8 +248,12 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         # On GPUs the trial reports its device memory; the host's is not what the limit is about.
         memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
         tree = Tree(proc.pid)
+        driver = _driver(p)
         try:
-            _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree)
+            _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree, driver)
+            if driver is not None and not (watch.timed_out or watch.stopped
+                                           or watch.killed_for_memory):
+                driver.at_exit(proc.returncode)
         except KeyboardInterrupt:
             watch.interrupted = True
         finally:
@@ -263,9 +290,22 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     )
 
 
+def _driver(p: TrialPlan) -> StepDriver | None:
+    """The step protocol's tuner side, for a trial of the user's command."""
+    if p.script is None:
+        return None
+    spec = TrialSpec.from_json(p.spec)
+    config = spec.config
+    return StepDriver(Path(p.spec_path).parent, config.world_size, spec.measure, p.script,
+                      p.progress_path, p.result_path, device=p.device, timeout_s=p.timeout_s,
+                      expected_samples=config.micro_batch_size * config.grad_accum_steps)
+
+
 def _prepare(p: TrialPlan) -> dict[str, str]:
     """Write the spec, clear an earlier run's files; the trial's whole environment."""
     Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
+    if p.script is not None:
+        clear(Path(p.spec_path).parent)
     Path(p.spec_path).write_text(json.dumps(p.spec))
     for path in (p.result_path, p.progress_path, *_rank_files(p.result_path)):
         Path(path).unlink(missing_ok=True)
@@ -282,10 +322,10 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             memory: TreeMemory | None, watch: _Watch,
             on_event: Callable[[dict[str, Any]], None] | None,
             should_stop: Callable[[], str | None] | None, poll_s: float,
-            tree: Tree | None = None) -> None:
+            tree: Tree | None = None, driver: StepDriver | None = None) -> None:
     """Until the trial ends: enforce the timeout and the memory limit, forward its progress
     events, note its process tree four times a second, and end it when ``should_stop`` gives
-    a reason."""
+    a reason, or, for a script, when its ``driver`` is done with it."""
     next_sample = next_look = 0.0
     while proc.poll() is None:
         now = time.monotonic()
@@ -299,6 +339,10 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             next_sample = now + 0.2
             if memory.sample():
                 watch.killed_for_memory = True
+                return
+        if driver is not None:
+            driver.poll()
+            if driver.action(proc.pid):
                 return
         if on_event is not None:
             watch.seen = _forward_events(p.progress_path, watch.seen, on_event)

@@ -128,6 +128,9 @@ class Measurement:
     # what compiling cost (mode, first step, seconds beyond a steady step).
     applied: dict[str, Any] = field(default_factory=dict)
     compile: dict[str, Any] = field(default_factory=dict)
+    # A trial of the user's script: its name, steps per rank, the Profile methods it called
+    # (``steps.accessed``), and whether it left the sample count to the config.
+    script: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_result(self) -> bool:
@@ -207,11 +210,14 @@ def window_stats(windows: list[dict[str, Any]]) -> tuple[float, float | None, di
 
 def breakdown(windows: list[dict[str, Any]]) -> dict[str, float]:
     """Shares of the timed wall time: waiting for data, waiting for the gradient all-reduce
-    (multi-rank trials only), and the rest (compute, optimizer, launch overheads)."""
+    (multi-rank trials only), and the rest (compute, optimizer, launch overheads). A wait no
+    window measured (a script that does not report it) is absent: unknown, not zero."""
     total = sum(w["seconds"] for w in windows)
     if total <= 0:
         return {}
-    shares = {"data_wait": sum(w.get("data_wait_s", 0.0) for w in windows) / total}
+    shares = {}
+    if any("data_wait_s" in w for w in windows):
+        shares["data_wait"] = sum(w.get("data_wait_s", 0.0) for w in windows) / total
     if any("comm_wait_s" in w for w in windows):
         shares["comm_wait"] = sum(w.get("comm_wait_s", 0.0) for w in windows) / total
     shares["compute"] = max(0.0, 1.0 - sum(shares.values()))
@@ -284,7 +290,8 @@ def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
         return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
     status = doc["status"]
     common = {**common, "applied": dict(doc.get("applied") or {}),
-              "compile": dict(doc.get("compile") or {})}
+              "compile": dict(doc.get("compile") or {}),
+              "script": dict(doc.get("script") or {})}
     if status != "ok":
         rough = doc.get("first_step_samples_per_sec")
         timings = doc.get("timings") or {}
@@ -306,8 +313,10 @@ def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
                            timings=doc.get("timings") or {}, ended_by=MEMORY_LIMIT, **common)
     given = doc.get("flops_per_sample")
     fps = float(given) if isinstance(given, int | float) and given > 0 else None
+    # A note on a measured result (a script ended by signal after its windows).
+    note = doc.get("note") if isinstance(doc.get("note"), str) else None
     return Measurement(
-        "ok", None, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
+        "ok", note, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
         breakdown=shares, step_time_s=doc.get("step_time_s"),
         warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
         tflops=med * fps / 1e12 if fps else None, flops_per_sample=fps,

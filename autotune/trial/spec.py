@@ -47,6 +47,10 @@ class MeasureSettings:
     # Time the all-reduce through a DDP communication hook (multi-rank trials). Off only in the
     # benchmark that measures what the hook itself costs.
     time_comm: bool = True
+    # Trials of the user's own script (``autotune run -- CMD``): how long it may run before
+    # every rank reported a first step, and how long it gets to stop by itself once measured.
+    no_progress_s: float = 120.0
+    stop_grace_s: float = 10.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

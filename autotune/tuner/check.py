@@ -19,9 +19,20 @@ from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware, detect
 from autotune.profile import Profile
 from autotune.trial import launch
+from autotune.trial.command import parse_command
 from autotune.trial.measurement import INTERRUPTED, Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec, builtin_workloads
+
+
+def script_command(profile: Profile) -> list[str]:
+    """The command of a profile tuned by ``autotune run -- CMD``."""
+    command = (profile.workload.get("params") or {}).get("command")
+    if not isinstance(command, list) or not command or \
+            not all(isinstance(a, str) for a in command):
+        raise UsageError("the profile's workload is a command but names none: re-export it "
+                         "with `autotune run`")
+    return command
 
 
 @dataclass
@@ -69,9 +80,17 @@ def measure_settings(profile: Profile) -> MeasureSettings:
 
 
 def check_workload(profile: Profile, allow: str | None) -> WorkloadSpec:
-    """The profile's workload, when checking may run it: a built-in, or the one workload the
-    command line allows by name. A profile is data; the workload it names is code."""
+    """The profile's workload, when checking may run it: a built-in, or the one workload (or
+    the one script's command) the command line allows by name. A profile is data; the workload
+    or command it names is code."""
     spec = str(profile.workload.get("spec") or profile.workload.get("name") or "")
+    if spec == "command":
+        command = shlex.join(str(a) for a in script_command(profile))
+        if allow != command:
+            raise UsageError(f"the profile runs the command {command!r}: checking runs it "
+                             f"again; if you trust it, pass --allow-workload "
+                             f"{shlex.quote(command)} (from the directory it was tuned in)")
+        return WorkloadSpec(spec, dict(profile.workload.get("params") or {}))
     if spec in builtin_workloads() or (allow is not None and allow == spec):
         return WorkloadSpec(spec, dict(profile.workload.get("params") or {}))
     raise UsageError(f"the profile names workload {spec!r}, which is not built in: checking it "
@@ -96,9 +115,16 @@ def check_profile(profile: Profile, *, rounds: int, threshold: float,
     spec = TrialSpec(
         workload, profile.config, hw.device, measure_settings(profile),
         memory_limit_bytes=profile.result.get("memory_limit_bytes"))
+    command = parse_command(script_command(profile)) if workload.spec == "command" else None
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         for r in range(rounds):
-            p = launch.plan(spec, workdir=Path(tmp) / str(r + 1), timeout_s=trial_timeout_s)
+            workdir = Path(tmp) / str(r + 1)
+            if command is not None:  # the script, loading this profile, as it was tuned
+                p = launch.plan_command(spec, command, workdir=workdir,
+                                        timeout_s=trial_timeout_s,
+                                        profile_path=profile.save(workdir / "profile.yaml"))
+            else:
+                p = launch.plan(spec, workdir=workdir, timeout_s=trial_timeout_s)
             m = classify(launch.execute(p), hw.device)
             if m.ended_by == INTERRUPTED:
                 raise KeyboardInterrupt

@@ -24,7 +24,7 @@ COMM_BOUND = 0.15  # exposed all-reduce share of the timed wall time
 MEMORY_BOUND = 0.85  # peak memory share of the limit
 LOW_MFU = 0.30  # share of the measured peak
 KINDS = ("input-bound", "communication-bound", "memory-bound", "degraded-link", "slow-device",
-         "low-mfu", "compute-bound")
+         "low-mfu", "compute-bound", "unexplained")
 
 
 @dataclass(frozen=True)
@@ -77,23 +77,29 @@ def _dtype(config: Config) -> str:
 def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit: int,
              probe: dict[str, Any] | None = None,
              larger_over_limit: MemoryWall | None = None,
-             tried: Tried | None = None) -> list[Finding]:
+             tried: Tried | None = None,
+             unapplied: Mapping[str, str] | None = None) -> list[Finding]:
     """What limits ``config``, from its stored measurement (``Measurement.to_dict()``), the
     memory limit, the probe's summary and, when the study has one, the smallest larger
     micro-batch that passed the limit. Never empty: when nothing else holds it back, the
     config is compute-bound. Only measurements make a finding: a memory wall the memory model
     predicted is named as a prediction and is not, alone, memory-bound. Each finding says what
     would test it, and ``tried`` (the study's measured configs) says when that test already ran
-    and what it measured."""
+    and what it measured; ``unapplied`` (a script's knobs it never applies, with the reasons)
+    says when the study cannot run it."""
     m, c, probe = measurement, config, probe or {}
-    test = _Tests(c, m.get("samples_per_sec"), tried)
+    test = _Tests(c, m.get("samples_per_sec"), tried, unapplied)
     shares = m.get("breakdown") or {}
-    data, comm = shares.get("data_wait", 0.0), shares.get("comm_wait", 0.0)
+    # A wait no window measured is unknown (a script that does not report it), never 0%; with
+    # one rank there is no all-reduce to wait for.
+    data = shares.get("data_wait")
+    comm = shares.get("comm_wait", 0.0 if c.world_size == 1 else None)
     peak_mem = int(m.get("peak_memory_bytes") or 0)
     used = peak_mem / limit if limit else 0.0
     found = [f for f in (
-        _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean"), test),
-        _communication_bound(comm, c, probe, test),
+        _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean"), test)
+        if data is not None else None,
+        _communication_bound(comm, c, probe, test) if comm is not None else None,
         _memory_bound(peak_mem, used, limit, larger_over_limit)) if f is not None]
     wall = larger_over_limit
     found += _probe_flags(probe, device)
@@ -107,16 +113,34 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
                 else "no MFU (no FLOPs figure or no probe)")
         predicted = f"; {wall.words()}" if wall is not None and not wall.measured else ""
         accumulate = test.accumulation()
-        found.append(Finding("compute-bound", (
-            f"compute-bound: {what}; data wait {100 * data:.0f}%, communication "
-            f"{100 * comm:.0f}%, memory {100 * used:.0f}% of the limit{predicted}: the math is "
-            f"the limit; a larger effective batch amortises the optimizer step ({accumulate}), and "
-            "beyond that the gains are in the model (fused kernels, torch.compile)"),
-            {**evidence, "data_wait_share": round(data, 4), "comm_wait_share": round(comm, 4),
+        waits = (f"data wait {_share(data)}, communication {_share(comm)}, memory "
+                 f"{100 * used:.0f}% of the limit{predicted}")
+        if data is None or comm is None:
+            # Nothing measured rules the unmeasured wait out: compute-bound would be a guess.
+            workers = max(2, 2 * c.num_workers)
+            loader = test.change(f"num_workers {workers}", num_workers=workers,
+                                 prefetch_factor=c.prefetch_factor or 2)
+            kind, text = "unexplained", (
+                f"not diagnosed: {what}; {waits}: the step's time is compute or a wait that was "
+                "not measured, and these figures cannot tell which (autotune's HF and Lightning "
+                f"callbacks measure the data wait; a plain loop passes autotune.step(data_s=...)"
+                f"); {loader}, {accumulate}")
+        else:
+            kind, text = "compute-bound", (
+                f"compute-bound: {what}; {waits}: the math is the limit; a larger effective "
+                f"batch amortises the optimizer step ({accumulate}), and beyond that the gains "
+                "are in the model (fused kernels, torch.compile)")
+        found.append(Finding(kind, text,
+            {**evidence, "data_wait_share": None if data is None else round(data, 4),
+             "comm_wait_share": None if comm is None else round(comm, 4),
              "memory_share": round(used, 4), "test": accumulate,
              "predicted_over_limit": None if wall is None or wall.measured
              else {"trial": wall.trial, "micro_batch": wall.micro_batch}}))
     return found
+
+
+def _share(value: float | None) -> str:
+    return "unknown (not reported)" if value is None else f"{100 * value:.0f}%"
 
 
 # What the study measured, by config: Config.to_dict() as sorted JSON -> {"trial", "status",
@@ -132,10 +156,15 @@ class _Tests:
     """The config change that would test a finding, and what the study already measured of
     it: a diagnosis must not suggest a test the study ran, as if it had not."""
 
-    def __init__(self, config: Config, rate: float | None, tried: Tried | None) -> None:
+    def __init__(self, config: Config, rate: float | None, tried: Tried | None,
+                 unapplied: Mapping[str, str] | None = None) -> None:
         self.config, self.rate, self.tried = config, rate, tried or {}
+        self.unapplied = unapplied or {}
 
     def change(self, words: str, **knobs: Any) -> str:
+        cannot = [self.unapplied[k] for k in knobs if k in self.unapplied]
+        if cannot:  # the script never applies that knob: no trial of this study can test it
+            return f"test: {words}; not run by this study: {cannot[0]}"
         seen = self.tried.get(config_key(replace(self.config, **knobs)))
         if seen is None:
             return f"test: {words}"

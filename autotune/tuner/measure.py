@@ -14,11 +14,13 @@ from typing import Any
 
 import optuna
 
-from autotune.config.knobs import Config
+from autotune.config.knobs import Config, env_for
 from autotune.errors import one_line
 from autotune.machine.hardware import Hardware
 from autotune.machine.monitor import GpuMonitor
+from autotune.profile import Profile
 from autotune.trial import launch
+from autotune.trial.command import Command
 from autotune.trial.launch import Nodes
 from autotune.trial.measurement import Measurement, classify
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
@@ -47,6 +49,7 @@ class Measurer:
     owner: str  # who holds a device, as a worker waiting for it is told
     on_wait: Callable[[str], None]
     address_space_bytes: int | None = None
+    command: Command | None = None  # the user's script, run as each trial (autotune run -- CMD)
     probe: dict[str, Any] | None = None  # the probe's summary, once the run has read it
     held: dict[str, Any] = field(default_factory=dict)  # devices and span of the last trial
 
@@ -80,21 +83,28 @@ class Measurer:
             if on_event is not None:
                 on_event(e)
 
+        # A script's FLOPs are not counted (autotune does not hold its model): no MFU.
         flops = self.study.user_attrs.get("flops") or {}
         spec = TrialSpec(self.workload, config, self.hw.device, settings,
                          memory_limit_bytes=self.limit,
                          address_space_bytes=self.address_space_bytes,
                          flops_per_sample=flops.get("per_sample"),
-                         flops_source=flops.get("source"), count_flops=not flops)
+                         flops_source=flops.get("source"),
+                         count_flops=not flops and self.command is None)
         with self.devices() as (gpus, env):
             if config.compile != "off":
                 # One Inductor cache per study (next to its trials): a config compiled once
                 # compiles in a fraction of the time in every later trial.
                 env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(compile_cache(workdir))}
-            p = launch.plan(spec, workdir=workdir, timeout_s=timeout, extra_env=env,
-                            nodes=self.nodes,
-                            rdzv_id=f"{self.study.study_name}-{workdir.parent.name}-"
-                                    f"{workdir.name}")
+            if self.command is not None:
+                p = launch.plan_command(spec, self.command, workdir=workdir, timeout_s=timeout,
+                                        profile_path=self._candidate(config, workdir),
+                                        extra_env=env)
+            else:
+                p = launch.plan(spec, workdir=workdir, timeout_s=timeout, extra_env=env,
+                                nodes=self.nodes,
+                                rdzv_id=f"{self.study.study_name}-{workdir.parent.name}-"
+                                        f"{workdir.name}")
             monitor = GpuMonitor(gpus) if self.hw.device == "cuda" else None
             with fleet.published(self.study, p, self.nodes):
                 raw = launch.execute(
@@ -107,6 +117,18 @@ class Measurer:
             self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,
                                                "source": COUNTED})
         return with_efficiency(m, config, self.hw.device, self.probe)
+
+    def _candidate(self, config: Config, workdir: Path) -> Path:
+        """The config as the profile a script's trial loads (``AUTOTUNE_PROFILE``): written
+        like an exported one, marked as a candidate with nothing measured yet."""
+        profile = Profile(
+            workload=dict(self.study.user_attrs.get("workload") or {}), config=config,
+            env=env_for(config), result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
+            fingerprint=self.hw.fingerprint(),
+            provenance={"study": self.study.study_name, "trial": workdir.name,
+                        "candidate": True},
+            notes=["the candidate config of one trial, written before it ran: not a result"])
+        return profile.save(workdir / "profile.yaml")
 
     def read_probe(self, workdir: Path, note: Callable[[str], None]) -> None:
         """The machine's measured peaks, for MFU and the diagnosis: the cached probe, else a

@@ -17,6 +17,7 @@ from autotune.config.space import check_global_batch
 from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware
 from autotune.paths import study_folder
+from autotune.trial.command import parse_command
 from autotune.trial.launch import Nodes
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.search import HEADROOM, PATIENCE
@@ -69,6 +70,8 @@ class RunOptions:
     nnodes: int = 1  # machines per trial; each runs --nproc ranks (torchrun, c10d rendezvous)
     rdzv_endpoint: str | None = None  # host:port of the rendezvous, for --nnodes > 1
     launcher: str | None = None  # a cluster launcher's command template with {cmd}
+    # The user's training script, run as each trial (``autotune run -- CMD``); empty: --model.
+    command: tuple[str, ...] = ()
 
     @property
     def storage_url(self) -> str:
@@ -79,7 +82,8 @@ class RunOptions:
         default time budget when no budget was given, one rank per visible GPU."""
         timeout = DEFAULT_TIMEOUT_S if self.trials is None and self.timeout_s is None \
             else self.timeout_s
-        nproc = self.nproc if self.nproc is not None else default_nproc(hw)
+        nproc = self.nproc if self.nproc is not None else \
+            parse_command(self.command).nproc if self.command else default_nproc(hw)
         return replace(self, timeout_s=timeout, nproc=nproc, hardware=hw)
 
     @property
@@ -108,6 +112,7 @@ def problems(opts: RunOptions, hw: Hardware) -> list[str]:
     if opts.timeout_s is not None and opts.timeout_s <= 0:
         found.append(f"--timeout must be positive, got {opts.timeout_s:g}s")
     found += _measuring_problems(opts)
+    found += _command_problems(opts)
     found += _rank_problems(opts, hw)
     found += node_problems(opts.nnodes, opts.rdzv_endpoint, opts.launcher)
     nproc = opts.nproc if opts.nproc is not None else default_nproc(hw)
@@ -142,6 +147,28 @@ def _measuring_problems(opts: RunOptions) -> list[str]:
         found.append(f"--patience and --confirm-top must be >= 0 and --confirm-rounds >= 2 "
                      f"(a spread needs two rounds), got {opts.patience or 0}, "
                      f"{opts.confirm_top} and {opts.confirm_rounds}")
+    return found
+
+
+def _command_problems(opts: RunOptions) -> list[str]:
+    """What is wrong with the command after --, and with the options it cannot go with."""
+    if not opts.command:
+        return []
+    try:
+        command = parse_command(opts.command)
+    except UsageError as exc:
+        return [str(exc)]
+    found = []
+    if opts.nproc is not None and command.launcher and opts.nproc != command.nproc:
+        found.append(f"--nproc {opts.nproc} but the command starts {command.nproc} rank(s): "
+                     "the command's launcher decides (torchrun --nproc-per-node N); drop --nproc")
+    if opts.nnodes != 1:
+        found.append(f"--nnodes {opts.nnodes}: a script's trials run on this machine only; "
+                     "drop --nnodes")
+    if opts.model != RunOptions.model:
+        found.append(f"--model {opts.model} and a command after --: tune one of them")
+    if opts.address_space_bytes:
+        found.append("an address-space limit applies to built-in workloads' trials only")
     return found
 
 

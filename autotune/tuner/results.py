@@ -149,7 +149,7 @@ def diagnose_trial(study: optuna.Study, trials: list[FrozenTrial], t: FrozenTria
                     device=study.user_attrs["fingerprint"].get("device", "cpu"), limit=limit,
                     probe=study.user_attrs.get("probe"),
                     larger_over_limit=larger_over_limit(trials, config, limit),
-                    tried=tried(trials))
+                    tried=tried(trials), unapplied=study.user_attrs.get("unapplied"))
 
 
 def pick_best(trials: list[FrozenTrial], limit: int) -> FrozenTrial | None:
@@ -208,6 +208,8 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
             notes.append(f"no speedup claimed: {speedup:.2f}x comes from a single timed window "
                          "(spread unknown)")
             speedup = None
+    notes += [f"not searched: {why}" for why in
+              (study.user_attrs.get("unapplied") or {}).values()]
     if global_batch is not None:
         notes.append(f"global batch kept at {global_batch} samples per optimizer step "
                      f"(--global-batch): {config.micro_batch_size} per micro-batch x "
@@ -222,7 +224,7 @@ def build_profile(study: optuna.Study, best: FrozenTrial, baseline: FrozenTrial 
     findings = diagnose({**m, "mfu": result.get("mfu"), "peak_tflops": result.get("peak_tflops")},
                         config, device=device, limit=limit, probe=probe,
                         larger_over_limit=larger_over_limit(trials, config, limit),
-                        tried=tried(trials))
+                        tried=tried(trials), unapplied=study.user_attrs.get("unapplied"))
     return Profile(
         workload=dict(study.user_attrs["workload"]),
         config=config, env=env_for(config), result=result, baseline=base_block, speedup=speedup,

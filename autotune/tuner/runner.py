@@ -25,12 +25,13 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.knobs import Config, oversubscribed
+from autotune.config.knobs import Config, oversubscribed, unapplied
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
 from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.paths import study_folder
 from autotune.profile import Profile
+from autotune.trial.command import parse_command
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import budget, claims, confirm, fleet, options, record, stages, storage
@@ -63,7 +64,7 @@ from autotune.tuner.search import (
 )
 from autotune.tuner.study import Identity, default_name, open_study
 from autotune.units import format_duration
-from autotune.workloads import WorkloadSpec, declared_knobs, resolve
+from autotune.workloads import WorkloadSpec, declared_knobs, resolve, script_workload
 
 __all__ = ["Interrupted", "Reporter", "RunOptions", "RunSummary", "Runner", "StartInfo", "run"]
 
@@ -82,8 +83,16 @@ class Runner:
         options.check(opts, hw)
         self.opts = opts = opts.with_defaults(hw)
         self.reporter, self.hw, self.draw = reporter, hw, dashboard
-        self.workload_spec = WorkloadSpec(opts.model, dict(opts.params))
-        workload = resolve(opts.model, opts.params)
+        # A script tuned as it is (autotune run -- CMD), or a workload autotune's loop trains.
+        self.command = parse_command(opts.command) if opts.command else None
+        workload: Any
+        if self.command is not None:
+            workload = script_workload(Path(self.command.name).stem, opts.params)
+            self.workload_spec = WorkloadSpec(
+                "command", self.command.to_params(workload.default_micro_batch))
+        else:
+            self.workload_spec = WorkloadSpec(opts.model, dict(opts.params))
+            workload = resolve(opts.model, opts.params)
         self.workload_name = str(getattr(workload, "name", self.workload_spec.name))
         self.world = opts.world
         self.baseline = Config(micro_batch_size=workload.default_micro_batch,
@@ -100,6 +109,7 @@ class Runner:
         options.check_out_dir(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.no_room: str | None = None  # the next config does not fit what is left of --timeout
+        self.halted: str | None = None  # why no later trial can measure anything (a script's)
         self.storage = storage.open_storage(self.storage_url)
         ident = Identity(self.study_name, self.workload_name, self.workload_spec, self.space,
                          hw, self.baseline, self.world, opts.global_batch)
@@ -113,7 +123,9 @@ class Runner:
             owner=f"autotune pid {process_identity()['pid']} on {hostname()}, "
                   f"study {self.study_name}",
             on_wait=lambda line: self.reporter.note(line),
-            address_space_bytes=opts.address_space_bytes)
+            address_space_bytes=opts.address_space_bytes, command=self.command)
+        # Knobs the script was found never to apply (a resumed study's, from its first trial).
+        self.space = self.space.fix(self.study.user_attrs.get("unapplied") or {}, self.baseline)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -182,8 +194,11 @@ class Runner:
         if self.opts.trials is not None and len(measured(trials)) + running >= self.opts.trials:
             return f"reached {self.opts.trials} trials" + (
                 f" ({running} of them still running on other workers)" if running else "")
-        if self.no_room:
-            return self.no_room
+        if self.no_room or self.halted:
+            return self.no_room or self.halted or ""
+        if self._nothing_applied():
+            return (f"nothing to search: {self.command.name if self.command else 'the script'} "
+                    "applies none of the searched knobs (see the lines 'fixed: ...')")
         reserve = self._confirmation_reserve(trials)
         if remaining is not None and remaining - reserve < shortest_useful_trial(trials):
             budget = format_duration(self.opts.timeout_s or 0)
@@ -312,6 +327,7 @@ class Runner:
                 m, self.limit, number=trial.number, baseline=is_baseline,
                 devices=self.measurer.held))
             told = True
+            self._learn_applied(m, is_baseline)
             if m.ended_by == INTERRUPTED:
                 raise KeyboardInterrupt
             self._export()
@@ -324,6 +340,39 @@ class Runner:
                 with contextlib.suppress(Exception):
                     trial.set_user_attr("interrupted", True)
                     self.study.tell(trial, state=TrialState.FAIL)
+
+    def _nothing_applied(self) -> bool:
+        """For a script: the knobs it was found never to apply, fixed in this worker's space
+        too (another worker of the study may have found them); whether none is left."""
+        known = self.study.user_attrs.get("unapplied") if self.command is not None else None
+        if known is None:
+            return False
+        self.space = self.space.fix(known, self.baseline)
+        return not self.space.searched
+
+    def _learn_applied(self, m: Measurement, is_baseline: bool) -> None:
+        """After a script's first measured trial: fix the knobs it never applies (it called
+        none of their Profile methods), say why, and keep that on the study. A baseline that
+        trained another batch than its config's halts the run: so would every config."""
+        if self.command is not None and is_baseline and m.script.get("samples_mismatch"):
+            self.halted = ("the baseline trained another batch than its config (see its "
+                           "reason): no trial would measure the config it records")
+        if self.command is None or not m.ok or "unapplied" in self.study.user_attrs:
+            return
+        accessed = set(m.script.get("accessed") or ())
+        reasons = unapplied(list(self.space.searched), accessed, self.command.name)
+        self.study.set_user_attr("unapplied", reasons)
+        self.space = self.space.fix(reasons, self.baseline)
+        if reasons and not accessed:  # one line for all: the script never loaded a profile
+            self.reporter.note(f"fixed: {self.command.name} never loads a profile "
+                               f"(autotune.load_profile()): {', '.join(reasons)} are not searched")
+        for why in reasons.values() if accessed else ():
+            self.reporter.note(f"fixed: {why}")
+        if m.script.get("default_samples") and "micro_batch_size" in reasons:
+            self.reporter.note(
+                f"{self.command.name} reports steps without a sample count and never reads the "
+                f"batch size from the profile: samples/s counts {self.baseline.micro_batch_size}"
+                " per rank and step; pass --param batch=N (its batch) or autotune.step(samples)")
 
     def _trial_budget(self, config: Config, remaining: float | None,
                       trials: list[FrozenTrial] | None = None) -> budget.TrialBudget:

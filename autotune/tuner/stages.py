@@ -3,6 +3,7 @@ the knobs that address the incumbent's diagnosis, one change at a time, before T
 
   input-bound          -> loader workers, prefetch, pinned memory, CPU threads
   low MFU / compute    -> fused optimizer, torch.compile, TF32, the attention implementation
+  unexplained          -> both of the above, interleaved (a script that reports no data wait)
   memory-bound         -> activation checkpointing, then a larger micro-batch with it
   communication-bound  -> bucket size, gradient views, static graph, NCCL algorithm/protocol
 
@@ -27,6 +28,9 @@ REMEDIES: dict[str, tuple[str, ...]] = {
     "input-bound": ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads"),
     "low-mfu": ("optimizer_impl", "compile", "matmul_precision", "attention"),
     "compute-bound": ("optimizer_impl", "compile", "matmul_precision", "attention"),
+    # A script that does not report its data wait: either may be the limit.
+    "unexplained": ("num_workers", "optimizer_impl", "prefetch_factor", "compile",
+                    "matmul_precision", "attention", "pin_memory", "cpu_threads"),
     "memory-bound": ("activation_checkpointing",),
     "communication-bound": ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
                             "ddp_static_graph", "nccl_algo", "nccl_proto"),
@@ -58,6 +62,7 @@ def headline(kind: str, evidence: Mapping[str, Any]) -> str:
         "memory-bound": f"memory-bound at {pct('share')} of the limit",
         "low-mfu": f"low MFU at {pct('mfu')}",
         "compute-bound": f"compute-bound at MFU {pct('mfu')}",
+        "unexplained": "data wait not measured",
     }.get(kind, kind)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -122,6 +123,7 @@ def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
     stored = attrs.get("workload") or {}
     if (stored.get("spec"), stored.get("params")) != (ident.workload.spec,
                                                       ident.workload.params):
+        _refuse_other_script(name, stored, ident.workload)
         raise UsageError(f"study {name} tunes workload {attrs.get('workload')}, not this one; "
                          "pass another --study name")
     stored_space = attrs.get("space") or {}
@@ -137,6 +139,22 @@ def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
     if searched != json.loads(json.dumps(ident.space.to_dict()["searched"])):
         raise UsageError(f"study {name} searched another space ({searched}); its trials would "
                          "not fit this one: pass another --study name")
+
+
+def _refuse_other_script(name: str, stored: dict[str, Any], workload: WorkloadSpec) -> None:
+    """The resume guard's line for a study of a script: another command, or the same command
+    with the script edited since."""
+    if stored.get("spec") != "command" or workload.spec != "command":
+        return
+    old, new = stored.get("params") or {}, workload.params
+    if old.get("command") != new.get("command"):
+        raise UsageError(f"study {name} tunes the command {shlex.join(old.get('command') or [])!r}"
+                         f", not {shlex.join(new['command'])!r}; pass another --study name")
+    if old.get("script_sha256") != new.get("script_sha256"):
+        raise UsageError(f"{new.get('script')} changed since study {name} measured it (sha256 "
+                         f"{str(old.get('script_sha256'))[:12]} then, "
+                         f"{str(new.get('script_sha256'))[:12]} now): its trials measured the "
+                         "old script; pass another --study name")
 
 
 def _kept_limit(name: str, stored: int | None, stored_spec: str | None, limit: int,

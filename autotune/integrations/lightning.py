@@ -1,0 +1,96 @@
+"""A Lightning callback that makes a training script tunable by ``autotune run -- CMD``: it
+reports each optimizer step and stops ``fit`` when the tuner has measured enough.
+
+    from autotune.integrations.lightning import AutotuneCallback
+
+    trainer = pl.Trainer(..., callbacks=[AutotuneCallback()])
+
+Outside a trial it does nothing: the script stays the production script. Works with
+``lightning.pytorch`` and with the older ``pytorch_lightning``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune import steps
+
+# A Trainer accepts only its own package's callbacks: follow a script that imported the older
+# pytorch_lightning alone; else the current package.
+if TYPE_CHECKING:
+    from lightning.pytorch import Callback
+elif "pytorch_lightning" in sys.modules and "lightning.pytorch" not in sys.modules:
+    from pytorch_lightning import Callback
+else:
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
+
+
+def batch_size(batch: Any) -> int | None:
+    """Samples in a batch: the leading dimension of its first tensor (a dict's first tensor
+    value, a list's or tuple's first tensor element, looked for depth first); None when it
+    holds no tensor with a dimension."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for item in batch:
+            found = batch_size(item)
+            if found is not None:
+                return found
+    return None
+
+
+class AutotuneCallback(Callback):
+    """Reports every optimizer step (``autotune.step``) with this rank's samples (summed over
+    the step's micro-batches) and the time it waited for them, and sets ``trainer.should_stop``
+    once ``autotune.should_stop()``."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.global_step = 0
+        self.samples: int | None = 0  # None: a micro-batch of this step had no countable size
+        self.data_s: float | None = 0.0  # None: a micro-batch's wait is unknown (the first)
+        self.ready: float | None = None  # perf_counter when the previous micro-batch ended
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.active = steps.in_trial()
+        self.global_step = trainer.global_step
+        self.samples, self.data_s, self.ready = 0, 0.0, None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        if not self.active:
+            return
+        # Lightning fetched this batch (and moved it to the device) since the previous one ended.
+        if self.ready is None or self.data_s is None:
+            self.data_s = None
+        else:
+            self.data_s += time.perf_counter() - self.ready
+        n = batch_size(batch)
+        self.samples = None if n is None or self.samples is None else self.samples + n
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self.active:
+            return
+        # Fires per micro-batch; the optimizer stepped when the global step moved.
+        if trainer.global_step != self.global_step:
+            self.global_step = trainer.global_step
+            steps.step(self.samples, self.data_s)
+            if steps.should_stop():
+                trainer.should_stop = True
+            self.samples, self.data_s = 0, 0.0
+        self.ready = time.perf_counter()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        # Validation inside fit runs between two training batches: not a wait for data.
+        if self.active and self.ready is not None:
+            self.ready = time.perf_counter()

@@ -1,0 +1,210 @@
+"""What a training script calls so that autotune can tune it as it is: one call per optimizer
+step, and a question whether to stop.
+
+    for batch in loader:
+        ...                          # forward, backward, optimizer.step()
+        autotune.step()              # or autotune.step(samples) with your own count
+        if autotune.should_stop():
+            break
+
+Hugging Face and Lightning users add a callback instead (``autotune.integrations``). Outside a
+trial of ``autotune run -- CMD`` (no ``AUTOTUNE_TRIAL_DIR`` in the environment) both calls do
+nothing and cost a global lookup, so the script stays the production script.
+
+Inside a trial each process appends one line per optimizer step to its own file in the trial's
+folder (``steps.rank<R>.jsonl``): the step's number, its end time and its samples (and, from the
+callbacks, how long it waited for data). The tuner reads these files and builds warm-up, windows
+and the result from them exactly as for a built-in workload (``trial.command``); when it has
+measured enough it writes ``stop.json`` naming a step every rank stops after, so ranks that run
+in lockstep leave together. Which ``Profile`` methods the script called is recorded the same way
+(``accessed``): the tuner searches only the knobs the script applies.
+
+This module is imported by training scripts: standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+TRIAL_DIR_ENV = "AUTOTUNE_TRIAL_DIR"
+# Samples one optimizer step of one rank trains on, as the candidate config sets them
+# (micro-batch x accumulation): what ``step()`` counts when the script does not say.
+SAMPLES_ENV = "AUTOTUNE_SAMPLES_PER_STEP"
+STOP_FILE = "stop.json"
+STOP_POLL_S = 0.05  # how often should_stop() looks for the stop file
+MEMORY_POLL_S = 0.5  # how often step() reads the CUDA allocator's peak (when CUDA is in use)
+
+
+def steps_file(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"steps.rank{rank}.jsonl")
+
+
+class _Trial:
+    """This process's side of a running trial."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.rank = _rank()
+        self.default_samples = int(os.environ.get(SAMPLES_ENV, "0") or 0)
+        # Line-buffered: the tuner sees each step as it ends, and a killed process loses none.
+        self.file = open(steps_file(folder, self.rank), "a", buffering=1)  # noqa: SIM115
+        self.steps = 0
+        self.stop_at: int | None = None
+        self.next_look = 0.0
+        self.next_memory = 0.0
+        self.accessed: set[str] = set()
+        self.pid = os.getpid()
+        self._write({"start": time.time(), "pid": self.pid, "rank": self.rank})
+        _watch_tuner()
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        self.file.write(json.dumps(doc) + "\n")
+
+    def step(self, samples: int | None, data_s: float | None) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked child (a fork-started rank, a worker) is not this process
+        now = time.time()
+        self.steps += 1
+        n = self.default_samples if samples is None else int(samples)
+        extra = "" if data_s is None else f',"d":{data_s:.6f}'
+        if now >= self.next_memory:
+            self.next_memory = now + MEMORY_POLL_S
+            peak = _cuda_peak()
+            if peak:
+                extra += f',"m":{peak}'
+        if samples is None:
+            extra += ',"default":1' if self.steps == 1 else ""
+        self.file.write(f'{{"s":{self.steps},"t":{now:.6f},"n":{n}{extra}}}\n')
+
+    def should_stop(self) -> bool:
+        if self.stop_at is None:
+            now = time.monotonic()
+            if now < self.next_look:
+                return False
+            self.next_look = now + STOP_POLL_S
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(self.folder, STOP_FILE)) as f:
+                    self.stop_at = int(json.load(f)["at_step"])
+            if self.stop_at is None:
+                return False
+        return self.steps >= self.stop_at
+
+    def access(self, name: str) -> None:
+        if name not in self.accessed and os.getpid() == self.pid:
+            self.accessed.add(name)
+            self._write({"a": name, "t": time.time()})
+
+
+def _rank() -> int:
+    """This process's rank: RANK (torchrun), else the local rank and node of a launcher that
+    sets only those (Lightning starting its ranks itself), else 0."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    node = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return node * per_node + local
+
+
+# None: not looked yet; False: not in a trial; else this process's trial.
+_state: _Trial | bool | None = None
+
+
+def _trial() -> _Trial | None:
+    global _state
+    if _state is None:
+        folder = os.environ.get(TRIAL_DIR_ENV)
+        _state = False
+        if folder:
+            try:
+                _state = _Trial(folder)
+            except OSError as exc:  # a folder the tuner removed: report nothing, train on
+                print(f"autotune: cannot report steps to {folder}: {exc}", file=sys.stderr)
+    return _state or None  # type: ignore[return-value]
+
+
+def step(samples: int | None = None, data_s: float | None = None) -> None:
+    """Mark the end of one optimizer step. ``samples``: what this process trained on in it
+    (its micro-batch x accumulation; default: the tuned config's); ``data_s``: seconds the step
+    waited for its batches, when the script knows (the callbacks measure it). A no-op outside
+    a trial."""
+    state = _state
+    if state is False:
+        return
+    trial = _trial() if state is None else state
+    if trial:
+        trial.step(samples, data_s)  # type: ignore[union-attr]
+
+
+def should_stop() -> bool:
+    """True once the trial has measured enough: leave the training loop (every rank gets True
+    after the same step). Always False outside a trial."""
+    state = _state
+    if state is False:
+        return False
+    trial = _trial() if state is None else state
+    return bool(trial) and trial.should_stop()  # type: ignore[union-attr]
+
+
+def in_trial() -> bool:
+    """Whether this process runs as a trial of ``autotune run -- CMD`` (reads the environment;
+    opens nothing)."""
+    return _state is not False and bool(os.environ.get(TRIAL_DIR_ENV))
+
+
+def accessed(name: str) -> None:
+    """Record that the script called ``Profile.<name>`` (the profile's methods call this)."""
+    if _state is False:
+        return
+    trial = _trial()
+    if trial is not None:
+        trial.access(name)
+
+
+_noted: set[str] = set()
+
+
+def note_once(line: str) -> None:
+    """Print ``line`` on stderr once per process (what a trial's stderr tail should show)."""
+    if line not in _noted:
+        _noted.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
+def _cuda_peak() -> int:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_reserved())
+    return 0
+
+
+def _watch_tuner() -> None:
+    """End this process if the tuner that started the trial dies: a script must not outlive it
+    holding a device. A daemon thread: it never keeps the script alive."""
+    try:
+        tuner = int(os.environ.get("AUTOTUNE_TUNER_PID", "0"))
+    except ValueError:
+        return
+    if tuner <= 0:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(tuner, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:
+                return
+
+    threading.Thread(target=watch, daemon=True, name="autotune-tuner-watch").start()

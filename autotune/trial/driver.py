@@ -1,0 +1,376 @@
+"""The tuner's side of the step protocol of a script's trial (``autotune.steps``):
+``StepDriver`` reads the step files while the trial runs and measures from them what
+``trial.bench`` measures in a built-in workload's trial: warm-up until two steps in a row agree,
+then windows of whole steps lasting ``min_window_s`` each, until ``min_windows`` agree within
+``target_cv`` or the budget is spent. Step k of the trial ends when the slowest rank ends it; a
+window's samples are all ranks' together. It writes the same progress events and the same
+result document, so pruning, the budget, the record and the confirmation treat a script's trial
+like any other. Then it writes ``stop.json``, naming a step every rank stops after (a rank that
+left alone would hang its peers' next collective), and ends the script after a grace period if
+it does not stop by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.steps import STOP_FILE
+from autotune.trial.measurement import RESULT_SCHEMA, median_and_cv
+from autotune.trial.spec import MeasureSettings
+
+TERM_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
+
+
+@dataclass
+class _Rank:
+    """What one rank reported so far."""
+
+    path: Path
+    offset: int = 0
+    partial: bytes = b""
+    started: float | None = None
+    ends: list[float] = field(default_factory=list)  # ends[i]: wall time step i + 1 ended
+    samples: list[int] = field(default_factory=list)
+    waits: list[float | None] = field(default_factory=list)
+    peak: int = 0
+    accessed: list[str] = field(default_factory=list)
+    default_samples: bool = False
+
+    def read(self) -> None:
+        """New whole lines since the last read (tailed by offset: a long run has many)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                self._take(json.loads(line))
+
+    def _take(self, e: dict[str, Any]) -> None:
+        if "s" in e:
+            if int(e["s"]) != len(self.ends) + 1:
+                return  # not this process's next step (a forked child's, a repeat)
+            self.ends.append(float(e["t"]))
+            self.samples.append(int(e["n"]))
+            self.waits.append(float(e["d"]) if "d" in e else None)
+            self.peak = max(self.peak, int(e.get("m", 0)))
+            self.default_samples = self.default_samples or bool(e.get("default"))
+        elif "a" in e:
+            if e["a"] not in self.accessed:
+                self.accessed.append(str(e["a"]))
+        elif "start" in e and self.started is None:
+            self.started = float(e["start"])
+
+
+@dataclass
+class StepDriver:
+    """Measures a script's trial from its step files; see the module's docstring."""
+
+    folder: Path
+    world: int
+    settings: MeasureSettings
+    name: str
+    progress_path: str
+    result_path: str
+    device: str = "cpu"
+    started: float = field(default_factory=time.time)
+    ranks: list[_Rank] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)
+    warm_ended_by: str | None = None
+    warm_end: int = 0  # the step warm-up ended with
+    per_window: int = 0
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False  # a result is written
+    stop_sent: float | None = None  # time.monotonic() of the stop request
+    term_sent: float | None = None
+    ignored_stop: bool = False
+    give_up: bool = False  # the trial is over without a stop request (no progress, too slow)
+
+    timeout_s: float = float("inf")  # the trial's hard limit
+    # Samples one step of one rank should train on, as the config sets them (micro-batch x
+    # accumulation); 0: not checked.
+    expected_samples: int = 0
+
+    def __post_init__(self) -> None:
+        self.ranks = [_Rank(self.folder / f"steps.rank{r}.jsonl") for r in range(self.world)]
+
+    @property
+    def no_progress_s(self) -> float:
+        """How long the script may run before every rank reported a step: ``no_progress_s``,
+        or less under a short trial timeout (which would otherwise say less)."""
+        return min(self.settings.no_progress_s, 0.75 * self.timeout_s)
+
+    # -- following the trial ------------------------------------------------------------------
+
+    def poll(self, running: bool = True) -> None:
+        """Read what the ranks reported and take every decision it allows (those on the wall
+        clock only while the script runs)."""
+        for rank in self.ranks:
+            rank.read()
+        if self.done:
+            return
+        steps = min(len(r.ends) for r in self.ranks)
+        if steps == 0:
+            if running:
+                self._check_progress()
+            return
+        if self.warm_ended_by is None:
+            self._warm_up(steps)
+        if self.warm_ended_by is not None and not self.done:
+            self._measure(steps)
+        if not self.done and running:
+            self._check_too_slow()
+
+    def action(self, pid: int) -> bool:
+        """Whether the trial should be ended now: given up on, or the script ignored the
+        stop request past the grace period (sent SIGTERM first; SIGKILL after
+        ``TERM_GRACE_S``)."""
+        if self.give_up:
+            return True
+        if self.stop_sent is None:
+            return False
+        now = time.monotonic()
+        grace = self.settings.stop_grace_s
+        if self.term_sent is None and now - self.stop_sent > grace:
+            self.ignored_stop = True
+            self.term_sent = now
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            # Steps well after the request: the script does not ask should_stop(). None: it
+            # left its loop and is busy after it (saving, tearing down).
+            late = time.time() - (now - self.stop_sent) + 0.5
+            if any(r.ends and r.ends[-1] > late for r in self.ranks):
+                what = f"did not stop within {grace:g}s of the stop request"
+            else:
+                what = f"left its loop but was still running {grace:g}s later"
+            self._note(f"{self.name} {what}; ended by signal (its windows were measured "
+                       "before)")
+        return self.term_sent is not None and now - self.term_sent > TERM_GRACE_S
+
+    def at_exit(self, returncode: int | None) -> None:
+        """The script ended by itself: a result from what it reported, if none was written."""
+        self.poll(running=False)
+        if self.done or returncode != 0:
+            return  # a crash: its exit code and stderr say what happened (classify)
+        if self.windows:
+            self._finish("ok", None)
+            return
+        steps = min(len(r.ends) for r in self.ranks)
+        if max(len(r.ends) for r in self.ranks) == 0:
+            self._finish("error", f"{self.name} exited without reporting a step: call "
+                         "autotune.step() once per optimizer step, or add autotune's callback")
+            return
+        self._finish("error", f"{self.name} finished after {steps} step(s), before a window "
+                     "could be measured; give it more data or steps (autotune stops it once it "
+                     "has measured enough)")
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def _ends(self, step: int) -> float:
+        """When the slowest rank ended ``step`` (1-based)."""
+        return max(r.ends[step - 1] for r in self.ranks)
+
+    def _duration(self, a: int, b: int) -> tuple[float, int]:
+        """Seconds from the end of step ``a`` to the end of step ``b`` on the slowest rank,
+        and that rank."""
+        spans = [r.ends[b - 1] - r.ends[a - 1] for r in self.ranks]
+        slowest = max(range(len(spans)), key=spans.__getitem__)
+        return spans[slowest], slowest
+
+    def _warm_up(self, steps: int) -> None:
+        """Step 1 carries the script's start-up; warm-up times steps 2, 3, ... until two in a
+        row agree (as ``trial.bench.loop.warm_up``)."""
+        s = self.settings
+        while self.warm_ended_by is None and len(self.warm) + 2 <= steps:
+            step = len(self.warm) + 2
+            seconds, _ = self._duration(step - 1, step)
+            self.warm.append(seconds)
+            self._emit("warmup_step", seconds=seconds)
+            elapsed = self._ends(step) - self._ends(1)
+            if len(self.warm) >= s.warmup_min_steps:
+                a, b = self.warm[-2], self.warm[-1]
+                if abs(a - b) / max(a, b, 1e-12) <= s.warmup_tolerance:
+                    self.warm_ended_by = "stable"
+                elif elapsed > 0.4 * s.max_seconds:
+                    self.warm_ended_by = "time"
+                elif len(self.warm) >= s.warmup_max_steps:
+                    self.warm_ended_by = "max_steps"
+            if self.warm_ended_by is not None:
+                self.warm_end = step
+                self.per_window = max(1, math.ceil(s.min_window_s / max(self.warm[-1], 1e-6)))
+
+    def _measure(self, steps: int) -> None:
+        s = self.settings
+        while not self.done:
+            a = self.warm_end + len(self.windows) * self.per_window
+            b = a + self.per_window
+            if b > steps:
+                return
+            seconds, slowest = self._duration(a, b)
+            if seconds <= 0:
+                seconds = 1e-9
+            rank = self.ranks[slowest]
+            samples = sum(sum(r.samples[a:b]) for r in self.ranks)
+            window: dict[str, Any] = {"steps": self.per_window, "seconds": seconds,
+                                      "samples": samples, "slowest_rank": slowest}
+            waits = rank.waits[a:b]
+            if all(w is not None for w in waits):
+                window["data_wait_s"] = sum(w for w in waits if w is not None)
+            self.windows.append(window)
+            rates = [w["samples"] / w["seconds"] for w in self.windows]
+            self._emit("window", index=len(self.windows) - 1, samples=samples, seconds=seconds,
+                       samples_per_sec=rates[-1],
+                       **({"data_wait_s": window["data_wait_s"]}
+                          if "data_wait_s" in window else {}))
+            elapsed = self._ends(b) - self._ends(1)
+            if (len(rates) >= s.min_windows and median_and_cv(rates)[1] <= s.target_cv) or \
+                    len(rates) >= s.max_windows or elapsed + seconds > s.max_seconds:
+                self._finish("ok", None)
+
+    def _check_progress(self) -> None:
+        """No step from some rank by ``no_progress_s`` after the start: the script does not
+        report (or reports on some ranks only)."""
+        waited = time.time() - self.started
+        if waited <= self.no_progress_s:
+            return
+        silent = [i for i, r in enumerate(self.ranks) if not r.ends]
+        who = self.name if len(silent) == self.world else \
+            f"rank(s) {', '.join(map(str, silent))} of {self.name}"
+        self._finish("error", f"no progress from {who} in {self.no_progress_s:.0f} s: "
+                     "call autotune.step() once per optimizer step on every rank, or add "
+                     "autotune's callback", give_up=True)
+
+    def _check_too_slow(self) -> None:
+        """Warm-up and one window cannot fit the measuring budget (as the bench's TooSlow):
+        judged on the wall clock, so a step that never ends counts too."""
+        s = self.settings
+        first = self._ends(1)
+        since = time.time() - first
+        if self.windows:
+            if since > 2 * s.max_seconds:  # the budget is spent; keep what was measured
+                self._finish("ok", None)
+            return
+        if since <= 1.25 * s.max_seconds:
+            return
+        known = self.warm[-1] if self.warm else since
+        self._finish("timeout", f"one optimizer step of {self.name} takes ~{known:.1f}s; "
+                     f"warm-up and a window do not fit the {s.max_seconds:.0f}s measuring "
+                     "budget", give_up=True)
+
+    # -- the result -----------------------------------------------------------------------------
+
+    def _overridden(self) -> str | None:
+        """Why the measured steps are not of the trial's config: their samples per step and
+        rank (the median over the windows, as the script counted them) differ from the
+        config's micro-batch x accumulation. None when they agree or were not counted."""
+        if not self.expected_samples or not self.windows or \
+                any(r.default_samples for r in self.ranks):
+            return None
+        a, b = self.warm_end, self.warm_end + len(self.windows) * self.per_window
+        got = statistics.median(n for r in self.ranks for n in r.samples[a:b])
+        if got == self.expected_samples:
+            return None
+        shown = f"{got:g}"
+        return (f"{self.name} trained {shown} samples per optimizer step on each rank, but the "
+                f"config asks {self.expected_samples}: it does not train with the profile's "
+                "batch (dataloader_kwargs(), hf_training_args()), so this is not that config's "
+                f"speed; if {shown} is the script's own fixed batch, pass --param batch={shown} "
+                "(autotune.step(samples) counts this rank's samples only)")
+
+    def _finish(self, status: str, reason: str | None, give_up: bool = False) -> None:
+        overridden = self._overridden() if status == "ok" else None
+        if overridden is not None:
+            status, reason, give_up = "error", overridden, True
+        steps = [len(r.ends) for r in self.ranks]
+        doc: dict[str, Any] = {
+            "schema": RESULT_SCHEMA, "status": status, "reason": reason,
+            "windows": self.windows, "device": self.device, "world_size": self.world,
+            "peak_memory_bytes": max(r.peak for r in self.ranks),
+            "memory_source": "reported by the script (CUDA allocator)"
+            if any(r.peak for r in self.ranks) else "process tree",
+            "timings": self._timings(), "script": {
+                "name": self.name, "steps": steps,
+                "accessed": sorted({a for r in self.ranks for a in r.accessed}),
+                "default_samples": any(r.default_samples for r in self.ranks),
+                "samples_mismatch": overridden is not None}}
+        if self.warm:
+            doc["warmup"] = {"steps": len(self.warm), "ended_by": self.warm_ended_by,
+                             "step_times_s": self.warm,
+                             "seconds": doc["timings"].get("warmup_s", 0.0)}
+        if self.windows:
+            doc["steps_per_window"] = self.per_window
+            doc["step_time_s"] = sum(w["seconds"] for w in self.windows) / sum(
+                w["steps"] for w in self.windows)
+        if self.world > 1:
+            doc["ranks"] = [self._rank_summary(i) for i in range(self.world)]
+        if status == "timeout" and self.warm:
+            per_step = sum(r.samples[-1] for r in self.ranks if r.samples)
+            doc["first_step_samples_per_sec"] = per_step / max(self.warm[-1], 1e-9)
+        _write_json(self.result_path, doc)
+        self.done, self.give_up = True, give_up
+        if status == "ok":
+            self._request_stop(max(steps))
+
+    def _timings(self) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        if not any(r.ends for r in self.ranks) or min(len(r.ends) for r in self.ranks) == 0:
+            return timings
+        first = self._ends(1)
+        timings["startup_s"] = max(0.0, first - self.started)
+        if self.warm_end:
+            timings["warmup_s"] = self._ends(self.warm_end) - first
+        if self.windows:
+            last = self.warm_end + len(self.windows) * self.per_window
+            timings["measure_s"] = self._ends(last) - self._ends(self.warm_end)
+        return timings
+
+    def _rank_summary(self, i: int) -> dict[str, Any]:
+        r, a = self.ranks[i], self.warm_end
+        spans = [r.ends[a + (k + 1) * self.per_window - 1] - r.ends[a + k * self.per_window - 1]
+                 for k in range(len(self.windows))]
+        entry: dict[str, Any] = {"rank": i, "status": "ok", "window_seconds": spans,
+                                 "peak_memory_bytes": r.peak, "steps": len(r.ends)}
+        if spans and all(x > 0 for x in spans):
+            rates = [sum(r.samples[a + k * self.per_window:a + (k + 1) * self.per_window]) / x
+                     for k, x in enumerate(spans)]
+            entry["samples_per_sec"] = median_and_cv(rates)[0]
+        return entry
+
+    def _request_stop(self, seen: int) -> None:
+        """Every rank stops after the same step, far enough ahead that none has passed it
+        when it reads the request (ranks look every 50 ms; this side polls every 100 ms)."""
+        step_s = max(self.warm[-1] if self.warm else 1.0, 1e-4)
+        ahead = 1 if self.world == 1 else math.ceil(1.0 / step_s) + 2
+        _write_json(str(self.folder / STOP_FILE), {"at_step": seen + ahead})
+        self.stop_sent = time.monotonic()
+
+    def _note(self, text: str) -> None:
+        """Add a note to a written result (an ok result keeps it as its reason)."""
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(Path(self.result_path).read_text())
+            doc["note"] = text
+            _write_json(self.result_path, doc)
+
+    def _emit(self, event: str, **data: Any) -> None:
+        with open(self.progress_path, "a") as f:
+            f.write(json.dumps({"event": event, "t": time.time(), **data}) + "\n")
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)  # atomic: nobody reads half a document

@@ -1,0 +1,438 @@
+"""Tuning the user's own script (``autotune run -- CMD``): the command, the step protocol's tuner
+side, the outcomes a script can end in, and whole studies of real scripts in real processes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.config.knobs import Config, unapplied
+from autotune.errors import UsageError
+from autotune.machine.hardware import detect
+from autotune.profile import Profile, load_profile
+from autotune.steps import STOP_FILE
+from autotune.trial import launch
+from autotune.trial.command import parse_command
+from autotune.trial.driver import StepDriver
+from autotune.trial.measurement import Measurement, classify
+from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.workloads import WorkloadSpec
+from tests.conftest import FAST, ROOT, autotune
+
+LOOP = ROOT / "tests" / "data" / "scripts" / "loop.py"
+# The environment's torchrun (its bin folder need not be on PATH).
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+# The no-progress limit is generous: on a loaded machine a script's imports alone take seconds.
+QUICK = MeasureSettings(min_window_s=0.2, max_seconds=4.0, no_progress_s=30.0, stop_grace_s=4.0)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def test_command_is_checked_and_identified(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('v1')\n")
+    one = parse_command([sys.executable, str(script), "--lr", "1e-3"])
+    assert (one.name, one.nproc, one.script) == ("train.py", 1, str(script))
+    script.write_text("print('v2')\n")
+    assert parse_command([sys.executable, str(script)]).script_sha256 != one.script_sha256
+    two = parse_command([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", str(script)])
+    assert (two.nproc, two.name) == (2, "train.py")
+    with pytest.raises(UsageError, match="command 'trian' not found"):
+        parse_command(["trian", "x.py"])
+    with pytest.raises(UsageError, match="script 'missing.py' not found"):
+        parse_command([sys.executable, "missing.py"])
+    with pytest.raises(UsageError, match="--nnodes 2"):
+        parse_command([TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", str(script)])
+    with pytest.raises(UsageError, match="nproc-per-node 'gpu'"):
+        parse_command([TORCHRUN, "--nproc-per-node", "gpu", str(script)])
+
+
+def test_knobs_a_script_never_applies_are_named_with_the_method() -> None:
+    found = unapplied(["micro_batch_size", "amp", "num_workers", "nccl_algo", "cpu_threads"],
+                      {"autocast"}, "train.py")
+    assert set(found) == {"micro_batch_size", "num_workers", "cpu_threads"}
+    assert "train.py never uses micro_batch_size or dataloader_kwargs()" in \
+        found["micro_batch_size"]
+    assert unapplied(["num_workers"], {"hf_training_args"}, "t.py") == {}
+
+
+# -- the step protocol, from step files -----------------------------------------------------------
+
+def _driver(tmp_path: Path, world: int = 1, settings: MeasureSettings = QUICK) -> StepDriver:
+    return StepDriver(tmp_path, world, settings, "train.py", str(tmp_path / "progress.jsonl"),
+                      str(tmp_path / "result.json"))
+
+
+def _steps(tmp_path: Path, rank: int, ends: list[float], samples: int = 8,
+           wait: float | None = None) -> None:
+    with open(tmp_path / f"steps.rank{rank}.jsonl", "a") as f:
+        for i, t in enumerate(ends):
+            line: dict[str, Any] = {"s": i + 1, "t": t, "n": samples}
+            if wait is not None:
+                line["d"] = wait
+            f.write(json.dumps(line) + "\n")
+
+
+def test_windows_count_every_rank_s_samples_at_the_slowest_rank_s_pace(tmp_path: Path) -> None:
+    # Rank 0 takes 0.1 s a step, rank 1 0.125 s: rank 1 sets the pace, both ranks' samples count.
+    now = time.time() - 10
+    _steps(tmp_path, 0, [now + 0.1 * i for i in range(60)], wait=0.01)
+    _steps(tmp_path, 1, [now + 0.125 * i for i in range(60)], wait=0.02)
+    d = _driver(tmp_path, world=2)
+    d.poll()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "ok" and d.done
+    assert result["warmup"]["ended_by"] == "stable"
+    w = result["windows"][0]
+    assert w["steps"] == 2 and w["samples"] == 2 * 2 * 8 and w["slowest_rank"] == 1
+    assert w["seconds"] == pytest.approx(0.25) and w["data_wait_s"] == pytest.approx(0.04)
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    # Both ranks stop after the same step, ahead of what either has reached.
+    assert json.loads((tmp_path / STOP_FILE).read_text())["at_step"] > 60
+    m = classify(launch.RawResult(0, False, result, "", 10.0))
+    assert m.ok and m.samples_per_sec == pytest.approx(32 / 0.25)
+    assert m.breakdown["data_wait"] == pytest.approx(0.16)
+
+
+def test_windows_follow_the_script_s_pace(tmp_path: Path) -> None:
+    ends = [time.time() - 10]  # the step files of a script that started 10 s ago
+    for i in range(40):
+        ends.append(ends[-1] + (0.1 if i < 20 else 0.2))
+    _steps(tmp_path, 0, ends)
+    d = _driver(tmp_path, settings=MeasureSettings(min_window_s=0.19, max_windows=30,
+                                                   max_seconds=100.0, target_cv=-1.0))
+    d.poll()
+    rates = [round(w["samples"] / w["seconds"]) for w in d.windows]
+    assert d.warm_ended_by == "stable" and d.per_window == 2
+    assert rates == [80] * rates.count(80) + [40] * rates.count(40)  # 8 samples / 0.1 s, 0.2 s
+    assert rates.count(40) >= 5 and not d.done  # data ran out before the budget
+
+
+def test_a_script_that_reports_no_wait_has_an_unknown_one(tmp_path: Path) -> None:
+    _steps(tmp_path, 0, [time.time() - 10 + 0.1 * i for i in range(40)])
+    d = _driver(tmp_path)
+    d.poll()
+    m = classify(launch.RawResult(0, False, json.loads((tmp_path / "result.json").read_text()),
+                                  "", 5.0))
+    assert m.ok and "data_wait" not in m.breakdown
+
+
+def test_steps_of_another_batch_than_the_config_are_not_its_measurement(tmp_path: Path) -> None:
+    # The config asks 8 samples per step; the script trains 16 (it overrides the batch).
+    _steps(tmp_path, 0, [time.time() - 10 + 0.1 * i for i in range(40)], samples=16)
+    d = _driver(tmp_path)
+    d.expected_samples = 8
+    d.poll()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["status"], d.give_up) == ("error", True)
+    assert result["script"]["samples_mismatch"] is True
+    assert result["reason"].startswith("train.py trained 16 samples per optimizer step on each "
+                                       "rank, but the config asks 8")
+    assert "pass --param batch=16" in result["reason"]
+    assert not (tmp_path / STOP_FILE).exists()  # ended, not asked to stop
+    # The same steps with the config's batch are its measurement.
+    (tmp_path / "result.json").unlink()
+    d = _driver(tmp_path)
+    d.expected_samples = 16
+    d.poll()
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_script_that_ends_before_a_window_says_so(tmp_path: Path) -> None:
+    _steps(tmp_path, 0, [time.time() - 1 + 0.1 * i for i in range(3)])
+    d = _driver(tmp_path)
+    d.at_exit(0)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "error"
+    assert result["reason"].startswith("train.py finished after 3 step(s), before a window")
+
+
+def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
+    _steps(tmp_path, 0, [time.time()])
+    d = _driver(tmp_path, world=2, settings=MeasureSettings(no_progress_s=0.0))
+    d.started -= 1
+    d.poll()
+    assert d.give_up
+    reason = json.loads((tmp_path / "result.json").read_text())["reason"]
+    assert reason.startswith("no progress from rank(s) 1 of train.py in 0 s: call "
+                             "autotune.step()")
+
+
+# -- real scripts, one trial each -----------------------------------------------------------------
+
+def _trial(tmp_path: Path, *args: str, config: Config | None = None,
+           settings: MeasureSettings = QUICK, timeout: float = 60.0) -> Measurement:
+    """One trial of loop.py in a real process, as the tuner runs it."""
+    config = config or Config(micro_batch_size=16)
+    hw = detect()
+    command = parse_command([sys.executable, str(LOOP), *args])
+    profile = Profile(workload={"name": "loop", "spec": "command", "params": {}}, config=config,
+                      env={}, result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
+                      fingerprint=hw.fingerprint(), provenance={"candidate": True})
+    folder = tmp_path / "trial"
+    path = profile.save(folder / "profile.yaml")
+    spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu", settings)
+    p = launch.plan_command(spec, command, workdir=folder, timeout_s=timeout, profile_path=path)
+    return classify(launch.execute(p))
+
+
+def test_a_script_is_measured_and_stops_when_asked(tmp_path: Path) -> None:
+    m = _trial(tmp_path, "--apply", "dataloader,autocast")
+    assert m.ok, m.reason
+    assert m.reason is None  # it stopped by itself: no note
+    assert {"dataloader_kwargs", "autocast"} <= set(m.script["accessed"])
+    assert m.windows and all(w["samples"] == 16 * w["steps"] for w in m.windows)
+    lines = (tmp_path / "trial" / "steps.rank0.jsonl").read_text().splitlines()
+    steps = [json.loads(x)["s"] for x in lines if '"s"' in x]
+    stop = json.loads((tmp_path / "trial" / STOP_FILE).read_text())["at_step"]
+    # Alone, it leaves at its first look at the request (a rank with peers: at the step named).
+    assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= stop
+
+
+def test_in_a_trial_the_profile_a_script_loads_by_path_is_the_candidate(tmp_path: Path) -> None:
+    production = tmp_path / "production.yaml"
+    Profile(workload={"name": "loop"}, config=Config(micro_batch_size=4), env={},
+            result={"samples_per_sec": 1.0}, baseline={}, speedup=None,
+            fingerprint=detect().fingerprint(), provenance={}).save(production)
+    m = _trial(tmp_path, "--profile", str(production), config=Config(micro_batch_size=16))
+    assert m.ok, m.reason
+    assert all(w["samples"] == 16 * w["steps"] for w in m.windows)  # the candidate's batch
+    assert "load_profile" in m.script["accessed"]
+    assert f"autotune: load_profile({str(production)!r}) in a trial of `autotune run`: loading " \
+        "the trial's candidate config instead" in m.stderr_tail
+
+
+def test_a_script_that_ignores_the_stop_is_ended_and_still_measured(tmp_path: Path) -> None:
+    m = _trial(tmp_path, "--behave", "ignore-stop")
+    assert m.ok and m.samples_per_sec
+    assert "did not stop within 4s of the stop request; ended by signal" in (m.reason or "")
+
+
+@pytest.mark.parametrize("behave,status,reason", [
+    ("silent", "error", "no progress from loop.py in 4 s: call autotune.step()"),
+    ("short", "error", "loop.py finished after 3 step(s), before a window could be measured; "
+                       "give it more data or steps"),
+    ("hang", "timeout", "one optimizer step of loop.py takes"),
+])
+def test_what_a_script_does_wrong_is_one_typed_outcome(tmp_path: Path, behave: str, status: str,
+                                                       reason: str) -> None:
+    start = time.monotonic()
+    settings = replace(QUICK, no_progress_s=4.0) if behave == "silent" else QUICK
+    m = _trial(tmp_path, "--behave", behave, settings=settings)
+    assert (m.status, m.reason[:len(reason)] if m.reason else None) == (status, reason)
+    assert time.monotonic() - start < 30  # ended by the protocol, not by the 60 s timeout
+
+
+def test_a_crashing_script_is_an_error_with_its_last_line(tmp_path: Path) -> None:
+    m = _trial(tmp_path, "--behave", "crash-on-bf16", config=Config(micro_batch_size=16,
+                                                                    amp="bf16"))
+    assert m.status == "error" and "this script cannot train in bf16" in (m.reason or "")
+
+
+def test_two_ranks_under_torchrun_both_report_and_the_slowest_counts(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(LOOP), "--apply", "dataloader,ddp"]
+    config = Config(micro_batch_size=16, world_size=2)
+    hw = detect()
+    profile = Profile(workload={"name": "loop"}, config=config, env={},
+                      result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
+                      fingerprint=hw.fingerprint(), provenance={})
+    folder = tmp_path / "t"
+    spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu",
+                     replace(QUICK, no_progress_s=60.0))  # two ranks start slower
+    p = launch.plan_command(spec, parse_command(command), workdir=folder, timeout_s=90,
+                            profile_path=profile.save(folder / "profile.yaml"))
+    raw = launch.execute(p)
+    m = classify(raw)
+    assert m.ok, (m.reason, raw.stderr_tail[-2000:])
+    assert m.reason is None  # both ranks left at the stop step by themselves
+    assert [r["rank"] for r in m.ranks] == [0, 1]
+    for i, w in enumerate(m.windows):
+        assert w["samples"] == 2 * 16 * w["steps"]  # global samples
+        spans = [r["window_seconds"][i] for r in m.ranks]
+        assert w["seconds"] == pytest.approx(max(spans))  # the slowest rank's time
+    stop = json.loads((folder / STOP_FILE).read_text())["at_step"]
+    for rank in (0, 1):  # both left after the same step, the one they were told
+        lines = (folder / f"steps.rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["s"] for x in lines if '"s"' in x][-1] == stop
+
+
+# -- whole studies through the CLI ----------------------------------------------------------------
+
+def _study(folder: Path) -> optuna.Study:
+    url = f"sqlite:///{folder}/studies/autotune.db"
+    (name,) = optuna.get_all_study_names(url)
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def test_a_script_that_applies_only_autocast_gets_only_precision_searched(
+        tmp_path: Path) -> None:
+    out = autotune("run", "--trials", "3", "--no-probe", *FAST, "--param", "batch=16", "--",
+                   sys.executable, str(LOOP), "--apply", "autocast", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    study = _study(tmp_path)
+    fixed = study.user_attrs["unapplied"]
+    searched = set(study.user_attrs["space"]["searched"])
+    assert "amp" in searched and "amp" not in fixed
+    assert set(fixed) == searched - {"amp"}
+    assert "loop.py never uses micro_batch_size or dataloader_kwargs()" in \
+        fixed["micro_batch_size"]
+    configs = [t.user_attrs["config"] for t in study.trials if "config" in t.user_attrs]
+    baseline = configs[0]
+    assert {c["amp"] for c in configs} == {"off", "bf16"}
+    assert all({k: v for k, v in c.items() if k != "amp"} ==
+               {k: v for k, v in baseline.items() if k != "amp"} for c in configs)
+    assert "fixed: loop.py never uses" in out.stdout
+    profile = load_profile(next((tmp_path / "studies").glob("*/profile.yaml")))
+    assert profile.workload["params"]["command"][1:] == [str(LOOP), "--apply", "autocast"]
+    assert any(n.startswith("not searched: loop.py never uses") for n in profile.notes)
+
+
+def test_a_study_goes_on_past_a_config_its_script_cannot_run(tmp_path: Path) -> None:
+    out = autotune("run", "--trials", "3", "--no-probe", *FAST, "--param", "batch=16", "--",
+                   sys.executable, str(LOOP), "--apply", "autocast", "--behave", "crash-on-bf16",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    trials = [t for t in _study(tmp_path).trials if "config" in t.user_attrs]
+    status = [(t.user_attrs["config"]["amp"], t.user_attrs.get("status")) for t in trials]
+    assert status[:2] == [("off", "ok"), ("bf16", "error")]
+    assert "this script cannot train in bf16" in trials[1].user_attrs["reason"]
+
+
+def test_a_script_that_overrides_the_batch_stops_the_run_at_its_baseline(tmp_path: Path) -> None:
+    # loop.py trains 16 per step without applying the profile's batch; the baseline asks 8.
+    out = autotune("run", "--trials", "3", "--no-probe", *FAST, "--", sys.executable, str(LOOP),
+                   "--apply", "autocast", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    trials = [t for t in _study(tmp_path).trials if "config" in t.user_attrs]
+    assert len(trials) == 1 and trials[0].user_attrs["status"] == "error"
+    assert "loop.py trained 16 samples per optimizer step on each rank, but the config asks 8" \
+        in trials[0].user_attrs["reason"]
+    assert "pass --param batch=16" in out.stdout
+    assert "the baseline trained another batch than its config" in out.stdout
+
+
+def test_a_script_that_never_loads_a_profile_has_nothing_to_search(tmp_path: Path) -> None:
+    out = autotune("run", "--trials", "4", "--no-probe", *FAST, "--param", "batch=16", "--",
+                   sys.executable, str(LOOP), "--behave", "no-profile", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    study = _study(tmp_path)
+    assert set(study.user_attrs["unapplied"]) == set(study.user_attrs["space"]["searched"])
+    assert all("loop.py never loads a profile (autotune.load_profile())" in why
+               for why in study.user_attrs["unapplied"].values())
+    assert len([t for t in study.trials if "config" in t.user_attrs]) == 1  # the baseline
+    assert "nothing to search: loop.py applies none of the searched knobs" in out.stdout
+
+
+def test_bad_commands_are_one_line_and_lose_nothing(tmp_path: Path) -> None:
+    out = autotune("run", "--trials", "1", "--", "no-such-program", "x.py", cwd=tmp_path)
+    assert out.returncode == 2 or out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "autotune: error: command 'no-such-program' not found (not on PATH, not a file): check "
+        "the command after --, e.g. autotune run -- python train.py"]
+    out = autotune("run", "--nproc", "1", "--trials", "1", "--", sys.executable, "-m",
+                   "torch.distributed.run", "--nproc-per-node", "2", str(LOOP), cwd=tmp_path)
+    assert "--nproc 1 but the command starts 2 rank(s)" in out.stderr and out.returncode != 0
+    assert not (tmp_path / "studies" / "autotune.db").exists()
+
+
+def test_profile_check_reruns_the_command_only_when_allowed(tmp_path: Path) -> None:
+    out = autotune("run", "--trials", "1", "--no-probe", *FAST, "--", sys.executable,
+                   str(LOOP), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    # The same command resumes its study; another version of the script is another study.
+    again = autotune("run", "--trials", "1", "--no-probe", *FAST, "--", sys.executable,
+                     str(LOOP), cwd=tmp_path)
+    assert again.returncode == 0 and "reached 1 trials" in again.stdout, again.stderr
+    assert len(optuna.get_all_study_names(f"sqlite:///{tmp_path}/studies/autotune.db")) == 1
+    path = next((tmp_path / "studies").glob("*/profile.yaml"))
+    refused = autotune("profile", "check", str(path), "--rounds", "1", cwd=tmp_path)
+    assert refused.returncode == 2 and "runs the command" in refused.stderr
+    command = shlex.join(load_profile(path).workload["params"]["command"])
+    ran = autotune("profile", "check", str(path), "--rounds", "1", "--threshold", "0.01",
+                   "--allow-workload", command, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "round 1/1:" in ran.stdout and "PASS" in ran.stdout
+
+
+# -- the examples, tuned as they are --------------------------------------------------------------
+
+EXAMPLES = ROOT / "examples"
+# Per example: its framework (None: torch alone), the arguments of a tuned run (the tuner stops
+# it), those of a short run with the profile afterwards, and what that run must print.
+TUNED = {
+    "train_plain.py": (None, ["--workload", "mlp"], ["--workload", "mlp", "--seconds", "0.3"]),
+    "train_hf.py": ("transformers", ["--seq-len", "16"], ["--max-steps", "3", "--seq-len", "16"]),
+    "train_lightning.py": ("lightning", [], ["--max-steps", "3"]),
+}
+
+
+def _last_json(text: str) -> dict[str, Any]:
+    return json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", list(TUNED))
+def test_each_example_is_tuned_as_it_is_and_runs_its_profile(tmp_path: Path,
+                                                            example: str) -> None:
+    framework, tuned, short = TUNED[example]
+    if framework:
+        pytest.importorskip(framework)
+    script = str(EXAMPLES / example)
+    out = autotune("run", "--trials", "2", "--no-probe", *FAST, "--", sys.executable, script,
+                   *tuned, cwd=tmp_path, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    study = _study(tmp_path)
+    ok = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert ok and all(t.user_attrs["measurement"]["windows"] for t in ok)
+    accessed = set(ok[0].user_attrs["measurement"]["script"]["accessed"])
+    assert accessed & {"dataloader_kwargs", "hf_training_args"}  # it applies the batch
+    assert "micro_batch_size" not in study.user_attrs["unapplied"]
+    path = next((tmp_path / "studies").glob("*/profile.yaml"))
+    profile = load_profile(path)
+    ran = autotune("launch", str(path), "--", sys.executable, script, *short, cwd=tmp_path,
+                   timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    printed = _last_json(ran.stdout)
+    if example == "train_hf.py":
+        assert printed["args"]["per_device_train_batch_size"] == profile.micro_batch_size
+    elif example == "train_lightning.py":
+        assert printed["accumulate_grad_batches"] == profile.accumulation_steps
+    else:
+        assert printed["steps"] >= 3 and printed["samples_per_sec"] > 0
+
+
+@pytest.mark.slow
+def test_a_script_that_starts_its_own_ranks_gets_them_from_nproc(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    out = autotune("run", "--nproc", "2", "--trials", "1", "--no-probe", *FAST,
+                   "--trial-timeout", "120s", "--", sys.executable,
+                   str(EXAMPLES / "train_lightning.py"), cwd=tmp_path, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (trial,) = [t for t in _study(tmp_path).trials if "config" in t.user_attrs]
+    m = trial.user_attrs["measurement"]
+    assert trial.user_attrs["status"] == "ok", trial.user_attrs.get("reason")
+    assert trial.user_attrs["config"]["world_size"] == 2
+    assert [r["rank"] for r in m["ranks"]] == [0, 1]  # Lightning's second rank reported too
+
+
+def test_an_edited_script_is_not_resumed_into_its_old_study(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(LOOP.read_text())
+    args = ["run", "--study", "s", "--trials", "1", "--no-probe", *FAST, "--",
+            sys.executable, str(script)]
+    assert autotune(*args, cwd=tmp_path).returncode == 0
+    script.write_text(LOOP.read_text() + "# tuned since\n")
+    out = autotune(*args, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "train.py changed since study s measured it (sha256 " in out.stderr
+    assert len(_study(tmp_path).trials) == 1  # nothing lost, nothing added
