@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--size", default="base", choices=("base", "tiny"))
     parser.add_argument("--timeout", default="10m", help="each study's --timeout")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--trial-seconds", type=float, default=40.0,
+    parser.add_argument("--trial-seconds", type=float, default=90.0,
                         help="measuring budget of each side-by-side trial")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
@@ -127,7 +127,9 @@ def main() -> int:
     print(f"script winner:   {script.config.describe()} (search {script.samples_per_sec:.3f} "
           f"samples/s, {script.speedup}x)")
     for label, rate in medians.items():
-        print(f"  {label:<30} median {rate:.3f} samples/s" if rate else f"  {label}: no result")
+        wall = statistics.median(g["wall_s"] for g in rounds[label])
+        print(f"  {label:<30} median {rate:.3f} samples/s, trial wall {wall:.0f}s" if rate
+              else f"  {label}: no result")
     for which, ratio in overheads.items():
         print(f"  {which} winner: built-in loop / HF script = {ratio:.3f}")
     return 0

@@ -7,6 +7,9 @@
 #                                the space, the baseline (and the confirmation, if it fits)
 #   profile (GPU_PROFILE=0 skips) the plain-PyTorch example trains with the exported profile
 #                                (reproduction ratio) and `autotune profile check` re-measures it
+#   script (GPU_SCRIPT=0 skips)  a Hugging Face Trainer script tuned as it is (`autotune run --
+#                                python3 benchmarks/scripts/hf_bert.py`): the step protocol, the
+#                                callback's data wait and the script's own peak memory on CUDA
 #   roofline (GPU_ROOFLINE=0 skips) BERT-base and GPT-2 small with no memory limit: open-ended
 #                                batches, the diagnosis-led stages (compile, fused AdamW, TF32,
 #                                attention, checkpointing), MFU and what limits each winner
@@ -88,6 +91,18 @@ if [ -n "$PROFILE" ]; then
 fi
 tail -25 run.log
 cd "$ROOT" || exit 1
+
+if [ "${GPU_SCRIPT:-1}" = 1 ]; then
+  mkdir -p "$OUT/script" && cd "$OUT/script" || exit 1
+  timeout 330 python3 -m autotune run --timeout "${SCRIPT_TIMEOUT:-4m}" --trial-seconds 10 \
+    --storage "sqlite:///$PWD/autotune.db" -- python3 "$ROOT/benchmarks/scripts/hf_bert.py" \
+    --size base > run.log 2>&1
+  echo "hf script study rc=$?" >> "$ROOT/$S"
+  grep "^  #\|fixed:\|stopped:\|speedup\|what limits" -A1 run.log | head -40 >> "$ROOT/$S"
+  cp studies/*/profile.yaml ../script-profile.yaml 2>/dev/null
+  rm -rf studies autotune.db
+  cd "$ROOT" || exit 1
+fi
 
 if [ "${GPU_ROOFLINE:-1}" = 1 ]; then
   for model in bert gpt2; do

@@ -123,6 +123,18 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
     assert "of --timeout are left" in short.no_room
 
 
+def test_a_script_s_budget_leaves_the_trial_timeout_room_for_its_unmeasured_steps() -> None:
+    # One trial at 20.8 s a step (scaled, +-30%): a built-in trial gets 120 s of measuring; a
+    # script's trial also runs its first step and the one it stops after within the timeout.
+    kwargs = {"trial_timeout_s": 180.0, "startup_s": 15.0, "left_s": 600.0}
+    builtin = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3[:1]), SETTINGS,
+                         **kwargs)
+    script = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3[:1]), SETTINGS,
+                        unmeasured_steps=2, **kwargs)
+    outside = 2 * script.prediction.step_s * (1 + ASSUMED_ERROR)
+    assert script.settings.max_seconds == pytest.approx(builtin.settings.max_seconds - outside)
+
+
 def test_startup_is_measured_from_trials_with_a_safety_margin() -> None:
     assert startup_seconds([], 180.0) == pytest.approx(60.0)
     assert startup_seconds([8.0, 10.0, 9.0], 180.0) == \

@@ -185,9 +185,10 @@ def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory
 
 def test_an_unmeasured_wait_is_no_evidence_of_compute_bound() -> None:
     # A script that reports no data wait: its breakdown has none, and nothing rules it out.
-    m = {"breakdown": {"compute": 1.0}, "peak_memory_bytes": GIB}
+    m = {"breakdown": {"compute": 1.0}, "peak_memory_bytes": GIB, "script": {"name": "t.py"}}
     (only,) = diagnose(m, Config(micro_batch_size=16), device="cpu", limit=16 * GIB)
-    assert only.kind == "unexplained" and only.text.startswith("not diagnosed: ")
+    assert only.kind == "unexplained"
+    assert only.text.startswith("not diagnosed: no MFU (a script's FLOPs are not counted); ")
     assert "data wait unknown (not reported)" in only.text
     assert "(test: num_workers 2" not in only.text and "test: num_workers 2" in only.text
     assert only.evidence["data_wait_share"] is None

@@ -95,7 +95,9 @@ class StepDriver:
     per_window: int = 0
     windows: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False  # a result is written
-    stop_sent: float | None = None  # time.monotonic() of the stop request
+    stop_at: int = 0  # the step every rank was asked to stop after
+    stop_deadline: float | None = None  # time.monotonic() by which the script should have ended
+    stop_deadline_s: float = 0.0  # how long after the request that is
     term_sent: float | None = None
     ignored_stop: bool = False
     give_up: bool = False  # the trial is over without a stop request (no progress, too slow)
@@ -136,30 +138,44 @@ class StepDriver:
             self._check_too_slow()
 
     def action(self, pid: int) -> bool:
-        """Whether the trial should be ended now: given up on, or the script ignored the
-        stop request past the grace period (sent SIGTERM first; SIGKILL after
-        ``TERM_GRACE_S``)."""
+        """Whether the trial should be ended now: given up on, or the script is still running
+        past its stop deadline (sent SIGTERM first; SIGKILL after ``TERM_GRACE_S``)."""
         if self.give_up:
             return True
-        if self.stop_sent is None:
+        if self.stop_deadline is None:
             return False
         now = time.monotonic()
-        grace = self.settings.stop_grace_s
-        if self.term_sent is None and now - self.stop_sent > grace:
+        if self.term_sent is None and now > self.stop_deadline:
             self.ignored_stop = True
             self.term_sent = now
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
-            # Steps well after the request: the script does not ask should_stop(). None: it
-            # left its loop and is busy after it (saving, tearing down).
-            late = time.time() - (now - self.stop_sent) + 0.5
-            if any(r.ends and r.ends[-1] > late for r in self.ranks):
-                what = f"did not stop within {grace:g}s of the stop request"
-            else:
-                what = f"left its loop but was still running {grace:g}s later"
-            self._note(f"{self.name} {what}; ended by signal (its windows were measured "
-                       "before)")
+            self._note(f"{self.name} {self._why_still_running()}; ended by signal (its windows "
+                       "were measured before)")
         return self.term_sent is not None and now - self.term_sent > TERM_GRACE_S
+
+    @property
+    def stopping(self) -> bool:
+        """Measured (an ok result is written) and asked to stop."""
+        return self.stop_deadline is not None
+
+    def note_timeout(self, timeout_s: float) -> None:
+        """The trial timeout ended a script that was stopping after its windows."""
+        if not self.ignored_stop:
+            self._note(f"{self.name} was still stopping at the {timeout_s:.0f}s trial timeout; "
+                       "ended (its windows were measured before)")
+
+    def _why_still_running(self) -> str:
+        """What the ranks' steps say about a script that did not end by its stop deadline."""
+        at, grace = self.stop_at, self.settings.stop_grace_s
+        reached = [len(r.ends) for r in self.ranks]
+        if max(reached) > at:  # steps past the one it was asked to stop after
+            return (f"ran past step {at}, where it was asked to stop: it does not leave its loop "
+                    "when autotune.should_stop() (or autotune's callback) says so")
+        if min(reached) >= at:
+            return f"left its loop at step {at} but was still running {grace:g}s later"
+        return (f"had not reached step {at}, where it was asked to stop, by "
+                f"{self.stop_deadline_s:.0f}s after the request")
 
     def at_exit(self, returncode: int | None) -> None:
         """The script ended by itself: a result from what it reported, if none was written."""
@@ -255,21 +271,39 @@ class StepDriver:
                      "autotune's callback", give_up=True)
 
     def _check_too_slow(self) -> None:
-        """Warm-up and one window cannot fit the measuring budget (as the bench's TooSlow):
-        judged on the wall clock, so a step that never ends counts too."""
+        """Warm-up and one window cannot fit the measuring budget, as the bench's TooSlow
+        judges it: within twice the budget of the first step (whose start a script does not
+        report: the budget counts from its end, and the first window needs one step more than
+        the bench's, since step 1 is not warm-up here). Predicted from the steps so far as
+        soon as they show it, and on the wall clock, so a step that never ends counts too."""
         s = self.settings
         first = self._ends(1)
-        since = time.time() - first
+        now = time.time()
         if self.windows:
-            if since > 2 * s.max_seconds:  # the budget is spent; keep what was measured
+            if now - first > 2 * s.max_seconds:  # the budget is spent; keep what was measured
                 self._finish("ok", None)
             return
-        if since <= 1.25 * s.max_seconds:
-            return
-        known = self.warm[-1] if self.warm else since
-        self._finish("timeout", f"one optimizer step of {self.name} takes ~{known:.1f}s; "
-                     f"warm-up and a window do not fit the {s.max_seconds:.0f}s measuring "
-                     "budget", give_up=True)
+        end_by = first + 2.0 * s.max_seconds
+        steps = min(len(r.ends) for r in self.ranks)
+        last = self._ends(steps)
+        if self.warm:
+            step = self.warm[-1]
+            # Steps until the first window ends: the rest of warm-up, then the window.
+            if self.warm_ended_by is None:
+                need = max(s.warmup_min_steps - len(self.warm), 0) + max(
+                    1, math.ceil(s.min_window_s / max(step, 1e-6)))
+            else:
+                need = self.warm_end + self.per_window - steps
+            if last + need * step > end_by:
+                self._finish("timeout", f"one optimizer step of {self.name} takes "
+                             f"~{step:.1f}s; warm-up and a window do not fit the "
+                             f"{s.max_seconds:.0f}s measuring budget", give_up=True)
+                return
+        if now > end_by:
+            before = f" (steps took ~{self.warm[-1]:.3g}s before)" if self.warm else ""
+            self._finish("timeout", f"step {steps + 1} of {self.name} had not ended "
+                         f"{now - last:.0f}s after step {steps}{before}; warm-up and a window "
+                         f"do not fit the {s.max_seconds:.0f}s measuring budget", give_up=True)
 
     # -- the result -----------------------------------------------------------------------------
 
@@ -352,11 +386,17 @@ class StepDriver:
 
     def _request_stop(self, seen: int) -> None:
         """Every rank stops after the same step, far enough ahead that none has passed it
-        when it reads the request (ranks look every 50 ms; this side polls every 100 ms)."""
-        step_s = max(self.warm[-1] if self.warm else 1.0, 1e-4)
+        when it reads the request (ranks look every 50 ms; this side polls every 100 ms). The
+        script has until those steps ran (at the slowest pace measured, with half again on
+        top) and ``stop_grace_s`` more to end by itself: a 30 s step is not a script that
+        ignores the request."""
+        paces = [w["seconds"] / w["steps"] for w in self.windows] or self.warm[-1:] or [1.0]
+        step_s = max(max(paces), 1e-4)
         ahead = 1 if self.world == 1 else math.ceil(1.0 / step_s) + 2
-        _write_json(str(self.folder / STOP_FILE), {"at_step": seen + ahead})
-        self.stop_sent = time.monotonic()
+        self.stop_at = seen + ahead
+        _write_json(str(self.folder / STOP_FILE), {"at_step": self.stop_at})
+        self.stop_deadline_s = 1.5 * ahead * step_s + self.settings.stop_grace_s
+        self.stop_deadline = time.monotonic() + self.stop_deadline_s
 
     def _note(self, text: str) -> None:
         """Add a note to a written result (an ok result keeps it as its reason)."""

@@ -251,6 +251,10 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         driver = _driver(p)
         try:
             _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree, driver)
+            if driver is not None and watch.timed_out and driver.stopping:
+                # Measured, and stopping when the trial timeout came: the result stands.
+                watch.timed_out = False
+                driver.note_timeout(p.timeout_s)
             if driver is not None and not (watch.timed_out or watch.stopped
                                            or watch.killed_for_memory):
                 driver.at_exit(proc.returncode)

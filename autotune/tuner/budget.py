@@ -197,19 +197,23 @@ class TrialBudget:
 
 
 def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, *,
-               trial_timeout_s: float, startup_s: float, left_s: float | None) -> TrialBudget:
+               trial_timeout_s: float, startup_s: float, left_s: float | None,
+               unmeasured_steps: int = 0) -> TrialBudget:
     """The budget for ``config``: the search's settings when its predicted steps fit them;
     a longer measuring budget (warm-up and ``min_windows`` windows at the prediction's upper
     end) when they need it, up to ``MAX_BUDGET_SHARE`` of the trial timeout; too slow when even
     the prediction's lower end cannot fit warm-up and two windows there; no room when only
-    --timeout's rest is short."""
+    --timeout's rest is short. ``unmeasured_steps``: steps the trial runs outside its measuring
+    budget (a script's: its first step, and the one it stops after), which the trial timeout
+    must hold too."""
     p = model.predict(config)
     if p is None:
         return TrialBudget(settings)
     need = measuring_seconds(p.step_s * (1.0 + p.error), settings)
     if need <= settings.max_seconds:
         return TrialBudget(settings, p)
-    can = min(trial_timeout_s - startup_s, MAX_BUDGET_SHARE * trial_timeout_s)
+    outside = unmeasured_steps * p.step_s * (1.0 + p.error)
+    can = min(trial_timeout_s - startup_s, MAX_BUDGET_SHARE * trial_timeout_s) - outside
     least = measuring_seconds(p.step_s * (1.0 - p.error), settings, SPREAD_WINDOWS)
     if least > can and not p.fitted:
         # Scaled, not fitted: never a reason not to run. The trial gets all the trial timeout

@@ -110,6 +110,7 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
     if not found:
         share = m.get("mfu")
         what = (f"MFU {100 * share:.0f}% of the measured {_dtype(c)} peak" if share is not None
+                else "no MFU (a script's FLOPs are not counted)" if m.get("script")
                 else "no MFU (no FLOPs figure or no probe)")
         predicted = f"; {wall.words()}" if wall is not None and not wall.measured else ""
         accumulate = test.accumulation()

@@ -66,6 +66,10 @@ from autotune.tuner.study import Identity, default_name, open_study
 from autotune.units import format_duration
 from autotune.workloads import WorkloadSpec, declared_knobs, resolve, script_workload
 
+# A script's trial runs two steps outside its measuring budget: the first (its start is not
+# reported) and the one it stops after (trial.driver).
+SCRIPT_UNMEASURED_STEPS = 2
+
 __all__ = ["Interrupted", "Reporter", "RunOptions", "RunSummary", "Runner", "StartInfo", "run"]
 
 RUNNING_TWIN_POLL_S = 1.0
@@ -388,7 +392,7 @@ class Runner:
             config, budget.StepTimeModel(observations(trials)), self.opts.measure,
             trial_timeout_s=self.opts.trial_timeout_s,
             startup_s=budget.startup_seconds(startup_costs(trials), self.opts.trial_timeout_s),
-            left_s=remaining)
+            left_s=remaining, unmeasured_steps=SCRIPT_UNMEASURED_STEPS if self.command else 0)
 
     def _not_run(self, plan: budget.TrialBudget, config: Config, number: int,
                  is_baseline: bool) -> record.Record:

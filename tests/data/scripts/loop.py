@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--sleep", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--profile", help="the profile to load (default: $AUTOTUNE_PROFILE)")
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="seconds spent after the loop (a checkpoint being saved)")
     args = parser.parse_args()
     apply = set(args.apply.split(",")) if args.apply else set()
     if args.behave == "no-profile":
@@ -79,6 +81,7 @@ def main() -> None:
             break
         if args.behave != "ignore-stop" and autotune.should_stop():
             break
+    time.sleep(args.linger)
     if world > 1:
         dist.destroy_process_group()
 
