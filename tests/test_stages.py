@@ -10,7 +10,7 @@ from autotune.config.space import load_space, narrow, parse_space
 from autotune.testing.hardware import fake_cpu, fake_gpus
 from autotune.tuner.diagnosis import config_key as key
 from autotune.tuner.search import MemoryModel, Observation, staged_next
-from autotune.tuner.stages import diagnosis_next, story
+from autotune.tuner.stages import REMEDIES, diagnosis_next, story
 
 GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
                    supports=DECLARED)
@@ -42,6 +42,25 @@ def test_each_kind_of_limit_is_addressed_by_its_own_knobs_first() -> None:
         assert proposal is not None
         changed = {k for k, v in proposal.config.to_dict().items() if base.to_dict()[k] != v}
         assert len(changed - {"prefetch_factor"}) == 1, changed  # prefetch comes with workers
+
+
+def test_an_unexplained_config_tries_loader_and_compute_knobs_in_turn() -> None:
+    # A script that reports no data wait: not diagnosed, so both kinds of remedy are tested.
+    base = GPU_SPACE.variant(Config(), micro_batch_size=32, amp="bf16")
+    tried: set[str] = set()
+    knobs: list[str] = []
+    while (proposal := diagnosis_next(GPU_SPACE, base, [finding("unexplained")], tried,
+                                      never)) is not None:
+        assert proposal.stage.startswith("diagnosis: data wait not measured -> ")
+        knob = proposal.stage.split("-> ")[1].split()[0]
+        knobs += [knob] if knob not in knobs else []
+        tried.add(key(proposal.config))
+    assert knobs[:2] == ["num_workers", "optimizer_impl"]  # loader first, then compute
+    assert {"compile", "pin_memory"} <= set(knobs) <= set(REMEDIES["unexplained"])
+    # Without an MFU figure a compute-bound headline says so, not "MFU ?".
+    proposal = diagnosis_next(GPU_SPACE, base, [finding("compute-bound", mfu=None)], set(), never)
+    assert proposal is not None and \
+        proposal.stage.startswith("diagnosis: compute-bound (MFU not measured) -> ")
 
 
 def test_a_stage_walks_its_remedies_and_ends_when_all_were_tried() -> None:

@@ -3,7 +3,8 @@ the knobs that address the incumbent's diagnosis, one change at a time, before T
 
   input-bound          -> loader workers, prefetch, pinned memory, CPU threads
   low MFU / compute    -> fused optimizer, torch.compile, TF32, the attention implementation
-  unexplained          -> both of the above, interleaved (a script that reports no data wait)
+  unexplained          -> both of the above, loader workers first (a script that reports no
+                          data wait: either may be the limit)
   memory-bound         -> activation checkpointing, then a larger micro-batch with it
   communication-bound  -> bucket size, gradient views, static graph, NCCL algorithm/protocol
 
@@ -61,7 +62,8 @@ def headline(kind: str, evidence: Mapping[str, Any]) -> str:
         "communication-bound": f"communication-bound at {pct('comm_wait_share')} all-reduce wait",
         "memory-bound": f"memory-bound at {pct('share')} of the limit",
         "low-mfu": f"low MFU at {pct('mfu')}",
-        "compute-bound": f"compute-bound at MFU {pct('mfu')}",
+        "compute-bound": f"compute-bound at MFU {pct('mfu')}" if evidence.get("mfu") is not None
+        else "compute-bound (MFU not measured)",
         "unexplained": "data wait not measured",
     }.get(kind, kind)
 
