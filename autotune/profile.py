@@ -367,13 +367,17 @@ class Profile:
             **({"confirmation": self.confirmation} if self.confirmation else {}),
         }
 
+    def to_yaml(self) -> str:
+        """The profile as the file ``save`` writes."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None,
+                              width=100)
+
     def save(self, path: str | Path) -> Path:
         """Write atomically: a crash mid-write never leaves a half profile behind."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None,
-                                      width=100))
+        tmp.write_text(self.to_yaml())
         os.replace(tmp, path)
         return path
 

@@ -64,7 +64,7 @@ def measure(path: str, config: Config, size: str, folder: Path,
                           result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
                           fingerprint=hw.fingerprint(), provenance={"candidate": True})
         p = launch.plan_command(spec, command, workdir=folder, timeout_s=600,
-                                profile_path=profile.save(folder / "profile.yaml"))
+                                profile=profile.to_yaml())
     m = classify(launch.execute(p), hw.device)
     return {"status": m.status, "reason": m.reason, "samples_per_sec": m.samples_per_sec,
             "spread_cv": m.spread_cv, "wall_s": m.wall_s}

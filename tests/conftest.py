@@ -32,6 +32,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s",
         "--confirm-top", "0"]
 
+EXAMPLES = ROOT / "examples"
+# The framework each example trains with (None: torch alone).
+EXAMPLE_FRAMEWORKS = {"train_plain.py": None, "train_hf.py": "transformers",
+                      "train_lightning.py": "lightning"}
+
+
+def needs_framework(example: str) -> None:
+    """Skip where the example's framework is not installed (the dev extra installs both)."""
+    framework = EXAMPLE_FRAMEWORKS[example]
+    if framework:
+        pytest.importorskip(framework)
+
 
 def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:

@@ -16,20 +16,17 @@ import pytest
 from autotune.config.knobs import Config
 from autotune.machine.hardware import detect
 from autotune.profile import Profile
-from tests.conftest import ROOT
+from tests.conftest import EXAMPLE_FRAMEWORKS, EXAMPLES, ROOT, needs_framework
 
 pytestmark = pytest.mark.slow
-EXAMPLES = ROOT / "examples"
 MICRO, ACCUM, STOP_AT = 4, 2, 6
 HUGE = ["--max-steps", "1000000"]
-# Per example: its framework (None: torch alone), the arguments of a run the tuner stops, and
-# those of its normal short run.
+# Per example: the arguments of a run the tuner stops, and those of its normal short run.
 EXAMPLE_RUNS = {
-    "train_plain.py": (None, [*HUGE, "--seconds", "1e9", "--warmup-steps", "1"],
+    "train_plain.py": ([*HUGE, "--seconds", "1e9", "--warmup-steps", "1"],
                        ["--seconds", "0.3", "--warmup-steps", "1"]),
-    "train_hf.py": ("transformers", [*HUGE, "--seq-len", "16"],
-                    ["--max-steps", "3", "--seq-len", "16"]),
-    "train_lightning.py": ("lightning", HUGE, ["--max-steps", "3"]),
+    "train_hf.py": ([*HUGE, "--seq-len", "16"], ["--max-steps", "3", "--seq-len", "16"]),
+    "train_lightning.py": (HUGE, ["--max-steps", "3"]),
 }
 
 
@@ -66,9 +63,8 @@ def step_lines(trial: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 @pytest.mark.parametrize("name", list(EXAMPLE_RUNS))
 def test_an_example_reports_its_steps_and_stops_where_the_tuner_says(tmp_path: Path,
                                                                      name: str) -> None:
-    framework, argv, _ = EXAMPLE_RUNS[name]
-    if framework:
-        pytest.importorskip(framework)
+    needs_framework(name)
+    argv, _ = EXAMPLE_RUNS[name]
     trial = tmp_path / "trial"
     trial.mkdir()
     (trial / "stop.json").write_text(json.dumps({"at_step": STOP_AT}))
@@ -87,7 +83,8 @@ def test_an_example_reports_its_steps_and_stops_where_the_tuner_says(tmp_path: P
     # The plain loop's count is the tuned config's (the environment's); the callbacks count
     # their own: the Trainer's batch x accumulation, Lightning's batches' leading dimension.
     assert {s["n"] for s in steps} == {MICRO * ACCUM}
-    if framework:  # counted, not the default; and the wait for data from the second step on
+    # The callbacks count, not the default; and measure the wait for data from step 2 on.
+    if EXAMPLE_FRAMEWORKS[name]:
         assert "default" not in steps[0] and "d" not in steps[0]
         assert all(s["d"] >= 0 for s in steps[1:])
 
@@ -95,9 +92,8 @@ def test_an_example_reports_its_steps_and_stops_where_the_tuner_says(tmp_path: P
 @pytest.mark.parametrize("name", list(EXAMPLE_RUNS))
 def test_outside_a_trial_an_example_runs_as_before_and_writes_no_steps(tmp_path: Path,
                                                                         name: str) -> None:
-    framework, _, argv = EXAMPLE_RUNS[name]
-    if framework:
-        pytest.importorskip(framework)
+    needs_framework(name)
+    _, argv = EXAMPLE_RUNS[name]
     profile = write_profile(tmp_path / "p.yaml")
     out = run_example(name, ["--profile", str(profile), *argv], tmp_path,
                       {"AUTOTUNE_SAMPLES_PER_STEP": str(MICRO * ACCUM)})

@@ -26,7 +26,7 @@ from autotune.trial.driver import StepDriver
 from autotune.trial.measurement import Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec
-from tests.conftest import FAST, ROOT, autotune
+from tests.conftest import EXAMPLES, FAST, ROOT, autotune, needs_framework
 
 LOOP = ROOT / "tests" / "data" / "scripts" / "loop.py"
 # The environment's torchrun (its bin folder need not be on PATH).
@@ -55,6 +55,19 @@ def test_command_is_checked_and_identified(tmp_path: Path) -> None:
         parse_command([TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", str(script)])
     with pytest.raises(UsageError, match="nproc-per-node 'gpu'"):
         parse_command([TORCHRUN, "--nproc-per-node", "gpu", str(script)])
+
+
+def test_a_script_s_trial_is_planned_as_data(tmp_path: Path) -> None:
+    config = Config(micro_batch_size=16, grad_accum_steps=2)
+    spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu", QUICK)
+    command = parse_command([sys.executable, str(LOOP), "--apply", "autocast"])
+    p = launch.plan_command(spec, command, workdir=tmp_path / "t", timeout_s=30.0,
+                            profile="schema: x\n")
+    assert p.argv == command.argv and p.script == "loop.py"
+    assert p.env["AUTOTUNE_PROFILE"] == str(tmp_path / "t" / "profile.yaml")
+    assert p.env["AUTOTUNE_TRIAL_DIR"] == str(tmp_path / "t")
+    assert p.env["AUTOTUNE_SAMPLES_PER_STEP"] == "32"  # this rank's micro-batch x accumulation
+    assert not (tmp_path / "t").exists()  # planning wrote nothing; executing writes the profile
 
 
 def test_knobs_a_script_never_applies_are_named_with_the_method() -> None:
@@ -222,9 +235,9 @@ def _trial(tmp_path: Path, *args: str, config: Config | None = None,
                       env={}, result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
                       fingerprint=hw.fingerprint(), provenance={"candidate": True})
     folder = tmp_path / "trial"
-    path = profile.save(folder / "profile.yaml")
     spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu", settings)
-    p = launch.plan_command(spec, command, workdir=folder, timeout_s=timeout, profile_path=path)
+    p = launch.plan_command(spec, command, workdir=folder, timeout_s=timeout,
+                            profile=profile.to_yaml())
     return classify(launch.execute(p))
 
 
@@ -304,7 +317,7 @@ def test_two_ranks_under_torchrun_both_report_and_the_slowest_counts(tmp_path: P
     spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu",
                      replace(QUICK, no_progress_s=60.0))  # two ranks start slower
     p = launch.plan_command(spec, parse_command(command), workdir=folder, timeout_s=90,
-                            profile_path=profile.save(folder / "profile.yaml"))
+                            profile=profile.to_yaml())
     raw = launch.execute(p)
     m = classify(raw)
     assert m.ok, (m.reason, raw.stderr_tail[-2000:])
@@ -420,13 +433,12 @@ def test_profile_check_reruns_the_command_only_when_allowed(tmp_path: Path) -> N
 
 # -- the examples, tuned as they are --------------------------------------------------------------
 
-EXAMPLES = ROOT / "examples"
-# Per example: its framework (None: torch alone), the arguments of a tuned run (the tuner stops
-# it), those of a short run with the profile afterwards, and what that run must print.
+# Per example: the arguments of a tuned run (the tuner stops it), and those of a short run with
+# the profile afterwards.
 TUNED = {
-    "train_plain.py": (None, ["--workload", "mlp"], ["--workload", "mlp", "--seconds", "0.3"]),
-    "train_hf.py": ("transformers", ["--seq-len", "16"], ["--max-steps", "3", "--seq-len", "16"]),
-    "train_lightning.py": ("lightning", [], ["--max-steps", "3"]),
+    "train_plain.py": (["--workload", "mlp"], ["--workload", "mlp", "--seconds", "0.3"]),
+    "train_hf.py": (["--seq-len", "16"], ["--max-steps", "3", "--seq-len", "16"]),
+    "train_lightning.py": ([], ["--max-steps", "3"]),
 }
 
 
@@ -438,9 +450,8 @@ def _last_json(text: str) -> dict[str, Any]:
 @pytest.mark.parametrize("example", list(TUNED))
 def test_each_example_is_tuned_as_it_is_and_runs_its_profile(tmp_path: Path,
                                                             example: str) -> None:
-    framework, tuned, short = TUNED[example]
-    if framework:
-        pytest.importorskip(framework)
+    needs_framework(example)
+    tuned, short = TUNED[example]
     script = str(EXAMPLES / example)
     out = autotune("run", "--trials", "2", "--no-probe", *FAST, "--", sys.executable, script,
                    *tuned, cwd=tmp_path, timeout=400)
@@ -467,7 +478,7 @@ def test_each_example_is_tuned_as_it_is_and_runs_its_profile(tmp_path: Path,
 
 @pytest.mark.slow
 def test_a_script_that_starts_its_own_ranks_gets_them_from_nproc(tmp_path: Path) -> None:
-    pytest.importorskip("lightning")
+    needs_framework("train_lightning.py")
     out = autotune("run", "--nproc", "2", "--trials", "1", "--no-probe", *FAST,
                    "--trial-timeout", "120s", "--", sys.executable,
                    str(EXAMPLES / "train_lightning.py"), cwd=tmp_path, timeout=400)

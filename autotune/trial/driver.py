@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.steps import STOP_FILE
+from autotune.steps import STOP_FILE, steps_file
 from autotune.trial.measurement import RESULT_SCHEMA, median_and_cv
 from autotune.trial.spec import MeasureSettings
 
@@ -37,7 +37,6 @@ class _Rank:
     path: Path
     offset: int = 0
     partial: bytes = b""
-    started: float | None = None
     ends: list[float] = field(default_factory=list)  # ends[i]: wall time step i + 1 ended
     samples: list[int] = field(default_factory=list)
     waits: list[float | None] = field(default_factory=list)
@@ -69,11 +68,8 @@ class _Rank:
             self.waits.append(float(e["d"]) if "d" in e else None)
             self.peak = max(self.peak, int(e.get("m", 0)))
             self.default_samples = self.default_samples or bool(e.get("default"))
-        elif "a" in e:
-            if e["a"] not in self.accessed:
-                self.accessed.append(str(e["a"]))
-        elif "start" in e and self.started is None:
-            self.started = float(e["start"])
+        elif "a" in e and e["a"] not in self.accessed:
+            self.accessed.append(str(e["a"]))
 
 
 @dataclass
@@ -108,7 +104,7 @@ class StepDriver:
     expected_samples: int = 0
 
     def __post_init__(self) -> None:
-        self.ranks = [_Rank(self.folder / f"steps.rank{r}.jsonl") for r in range(self.world)]
+        self.ranks = [_Rank(Path(steps_file(str(self.folder), r))) for r in range(self.world)]
 
     @property
     def no_progress_s(self) -> float:

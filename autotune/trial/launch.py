@@ -79,6 +79,7 @@ class TrialPlan:
     torchrun: tuple[str, ...] = ()  # torchrun's flags, for a multi-rank trial
     rdzv_id: str | None = None  # the rendezvous of a trial across machines
     script: str | None = None  # the user's script a command trial runs (``trial.command``)
+    profile: str | None = None  # the candidate profile's YAML, for a command trial to load
 
 
 def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.executable,
@@ -140,14 +141,14 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
 
 
 def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s: float,
-                 profile_path: Path, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
+                 profile: str, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
     """A trial that runs the user's command unchanged (its own launcher starts its ranks), with
-    the candidate config at ``profile_path`` and the step protocol's folder ``workdir``. The
-    spec is written beside it for the record; the command does not read it."""
+    ``profile`` (a profile's YAML: the candidate config) written as ``workdir/profile.yaml`` for
+    it to load, and ``workdir`` the step protocol's folder. The spec is written beside it for
+    the record; the command does not read it."""
     config = spec.config
     env = {**env_for(config), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           **command_env(workdir, profile_path,
-                         config.micro_batch_size * config.grad_accum_steps),
+           **command_env(workdir, workdir / "profile.yaml", config.samples_per_rank_step),
            **dict(extra_env or {})}
     files = {k: str(workdir / f"{k}.{ext}") for k, ext in
              (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
@@ -156,7 +157,7 @@ def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s:
                      spec_path=files["spec"], result_path=files["result"],
                      progress_path=files["progress"], stderr_path=files["stderr"],
                      memory_limit_bytes=spec.memory_limit_bytes if spec.device == "cpu" else None,
-                     device=spec.device, script=command.name)
+                     device=spec.device, script=command.name, profile=profile)
 
 
 def published(p: TrialPlan) -> dict[str, Any]:
@@ -299,10 +300,9 @@ def _driver(p: TrialPlan) -> StepDriver | None:
     if p.script is None:
         return None
     spec = TrialSpec.from_json(p.spec)
-    config = spec.config
-    return StepDriver(Path(p.spec_path).parent, config.world_size, spec.measure, p.script,
+    return StepDriver(Path(p.spec_path).parent, spec.config.world_size, spec.measure, p.script,
                       p.progress_path, p.result_path, device=p.device, timeout_s=p.timeout_s,
-                      expected_samples=config.micro_batch_size * config.grad_accum_steps)
+                      expected_samples=spec.config.samples_per_rank_step)
 
 
 def _prepare(p: TrialPlan) -> dict[str, str]:
@@ -310,6 +310,8 @@ def _prepare(p: TrialPlan) -> dict[str, str]:
     Path(p.spec_path).parent.mkdir(parents=True, exist_ok=True)
     if p.script is not None:
         clear(Path(p.spec_path).parent)
+    if p.profile is not None:
+        Path(p.spec_path).with_name("profile.yaml").write_text(p.profile)
     Path(p.spec_path).write_text(json.dumps(p.spec))
     for path in (p.result_path, p.progress_path, *_rank_files(p.result_path)):
         Path(path).unlink(missing_ok=True)

@@ -121,8 +121,7 @@ def check_profile(profile: Profile, *, rounds: int, threshold: float,
             workdir = Path(tmp) / str(r + 1)
             if command is not None:  # the script, loading this profile, as it was tuned
                 p = launch.plan_command(spec, command, workdir=workdir,
-                                        timeout_s=trial_timeout_s,
-                                        profile_path=profile.save(workdir / "profile.yaml"))
+                                        timeout_s=trial_timeout_s, profile=profile.to_yaml())
             else:
                 p = launch.plan(spec, workdir=workdir, timeout_s=trial_timeout_s)
             m = classify(launch.execute(p), hw.device)

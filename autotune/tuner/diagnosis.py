@@ -82,11 +82,11 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
     """What limits ``config``, from its stored measurement (``Measurement.to_dict()``), the
     memory limit, the probe's summary and, when the study has one, the smallest larger
     micro-batch that passed the limit. Never empty: when nothing else holds it back, the
-    config is compute-bound. Only measurements make a finding: a memory wall the memory model
-    predicted is named as a prediction and is not, alone, memory-bound. Each finding says what
-    would test it, and ``tried`` (the study's measured configs) says when that test already ran
-    and what it measured; ``unapplied`` (a script's knobs it never applies, with the reasons)
-    says when the study cannot run it."""
+    config is compute-bound, or, when a wait was not measured, unexplained. Only measurements
+    make a finding: a memory wall the memory model predicted is named as a prediction and is
+    not, alone, memory-bound. Each finding says what would test it, and ``tried`` (the study's
+    measured configs) says when that test already ran and what it measured; ``unapplied`` (a
+    script's knobs it never applies, with the reasons) says when the study cannot run it."""
     m, c, probe = measurement, config, probe or {}
     test = _Tests(c, m.get("samples_per_sec"), tried, unapplied)
     shares = m.get("breakdown") or {}
@@ -118,9 +118,7 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
                  f"{100 * used:.0f}% of the limit{predicted}")
         if data is None or comm is None:
             # Nothing measured rules the unmeasured wait out: compute-bound would be a guess.
-            workers = max(2, 2 * c.num_workers)
-            loader = test.change(f"num_workers {workers}", num_workers=workers,
-                                 prefetch_factor=c.prefetch_factor or 2)
+            loader = test.workers("")
             kind, text = "unexplained", (
                 f"not diagnosed: {what}; {waits}: the step's time is compute or a wait that was "
                 "not measured, and these figures cannot tell which (autotune's HF and Lightning "
@@ -174,6 +172,13 @@ class _Tests:
             f", {got / self.rate:.2f}x this config" if self.rate else "")
         return f"test: {words}; measured already, trial {seen.get('trial')}: {what}"
 
+    def workers(self, rest: str) -> str:
+        """More loader workers (at least 2), with their prefetching."""
+        c = self.config
+        n = max(2, 2 * c.num_workers)
+        return self.change(f"num_workers {n}{rest}", num_workers=n,
+                           prefetch_factor=c.prefetch_factor or 2)
+
     def accumulation(self) -> str:
         c = self.config
         return self.change(f"grad_accum_steps {2 * c.grad_accum_steps} with micro-batch "
@@ -191,9 +196,7 @@ def _input_bound(data: float, c: Config, device: str, util: float | None,
     if device == "cuda" and not c.pin_memory:
         advice += "; pin_memory makes the host-to-device copy asynchronous"
     seen = f"; GPU utilisation averaged {util:.0f}%" if util is not None else ""
-    workers = max(2, 2 * c.num_workers)
-    test = tests.change(f"num_workers {workers} with the rest unchanged", num_workers=workers,
-                        prefetch_factor=c.prefetch_factor or 2)
+    test = tests.workers(" with the rest unchanged")
     return Finding("input-bound", (
         f"input-bound: the step waits for data {100 * data:.0f}% of its time (num_workers "
         f"{c.num_workers}, pin_memory {'on' if c.pin_memory else 'off'}, prefetch_factor "

@@ -98,7 +98,7 @@ class Measurer:
                 env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(compile_cache(workdir))}
             if self.command is not None:
                 p = launch.plan_command(spec, self.command, workdir=workdir, timeout_s=timeout,
-                                        profile_path=self._candidate(config, workdir),
+                                        profile=self._candidate(config, workdir).to_yaml(),
                                         extra_env=env)
             else:
                 p = launch.plan(spec, workdir=workdir, timeout_s=timeout, extra_env=env,
@@ -118,17 +118,16 @@ class Measurer:
                                                "source": COUNTED})
         return with_efficiency(m, config, self.hw.device, self.probe)
 
-    def _candidate(self, config: Config, workdir: Path) -> Path:
-        """The config as the profile a script's trial loads (``AUTOTUNE_PROFILE``): written
-        like an exported one, marked as a candidate with nothing measured yet."""
-        profile = Profile(
+    def _candidate(self, config: Config, workdir: Path) -> Profile:
+        """The config as the profile a script's trial loads (``AUTOTUNE_PROFILE``): like an
+        exported one, marked as a candidate with nothing measured yet."""
+        return Profile(
             workload=dict(self.study.user_attrs.get("workload") or {}), config=config,
             env=env_for(config), result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
             fingerprint=self.hw.fingerprint(),
             provenance={"study": self.study.study_name, "trial": workdir.name,
                         "candidate": True},
             notes=["the candidate config of one trial, written before it ran: not a result"])
-        return profile.save(workdir / "profile.yaml")
 
     def read_probe(self, workdir: Path, note: Callable[[str], None]) -> None:
         """The machine's measured peaks, for MFU and the diagnosis: the cached probe, else a

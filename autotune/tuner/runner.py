@@ -198,8 +198,8 @@ class Runner:
         if self.opts.trials is not None and len(measured(trials)) + running >= self.opts.trials:
             return f"reached {self.opts.trials} trials" + (
                 f" ({running} of them still running on other workers)" if running else "")
-        if self.no_room or self.halted:
-            return self.no_room or self.halted or ""
+        if stop := self.no_room or self.halted:
+            return stop
         if self._nothing_applied():
             return (f"nothing to search: {self.command.name if self.command else 'the script'} "
                     "applies none of the searched knobs (see the lines 'fixed: ...')")
