@@ -54,8 +54,11 @@ def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
     assert ran[1].user_attrs["stage"].startswith("staged: largest micro-batch that fits")
     # Nothing ran into the wall (smaller batches may be pruned for being slow: memhog's rate
     # grows with the batch).
-    assert {t.user_attrs["status"] for t in ran} <= {"ok", "pruned"}
-    assert max(t.params["micro_batch_size"] for t in ran) == 8
+    seen = [(t.params["micro_batch_size"], t.user_attrs["status"],
+             (t.user_attrs.get("measurement") or {}).get("peak_memory_bytes"),
+             t.user_attrs.get("stage"), t.user_attrs.get("reason")) for t in ran]
+    assert {t.user_attrs["status"] for t in ran} <= {"ok", "pruned"}, seen
+    assert max(t.params["micro_batch_size"] for t in ran) == 8, seen
     assert ruled_out and all(t.state == TrialState.PRUNED and t.constraints["memory"] > 0
                              for t in ruled_out)
     first = ruled_out[0].user_attrs
