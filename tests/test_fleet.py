@@ -63,8 +63,11 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
     args = ("run", "--model", "mlp", "--trials", "8", "--storage", postgres_url, "--study", name,
             "--patience", "0", *FAST)
     # The victim starts first and is killed while its first trial measures: started together,
-    # the others could count a late trial of the victim's as running and stop short of it.
-    workers = [start(tmp_path, *args, "--out", "w0")]
+    # the others could count a late trial of the victim's as running and stop short of it. Its
+    # windows are long (three of 4 s at least), so that trial still measures after the others'
+    # start-up: with the suite's 0.1 s windows it once completed first on a loaded machine.
+    workers = [start(tmp_path, *args, "--out", "w0", "--window-seconds", "4",
+                     "--trial-seconds", "40", "--trial-timeout", "120s")]
     victim = workers[0]
     try:
         def victim_trial() -> int | None:  # a trial of the victim's, its process measuring
