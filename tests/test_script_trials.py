@@ -277,10 +277,10 @@ def test_a_script_that_ignores_the_stop_is_ended_and_still_measured(tmp_path: Pa
 def test_a_measured_script_still_stopping_at_the_trial_timeout_keeps_its_result(
         tmp_path: Path) -> None:
     # It saves a checkpoint for a minute after its loop; the trial timeout comes first.
-    m = _trial(tmp_path, "--linger", "60", settings=replace(QUICK, stop_grace_s=60.0),
-               timeout=30.0)
+    m = _trial(tmp_path, "--linger", "60",
+               settings=replace(QUICK, max_seconds=2.0, stop_grace_s=60.0), timeout=20.0)
     assert m.ok and m.samples_per_sec, m.reason
-    assert m.reason == "loop.py was still stopping at the 30s trial timeout; ended (its " \
+    assert m.reason == "loop.py was still stopping at the 20s trial timeout; ended (its " \
         "windows were measured before)"
 
 
