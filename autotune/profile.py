@@ -10,6 +10,7 @@ torch objects, and never Optuna.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import warnings
@@ -21,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune import steps
-from autotune.config.knobs import TUNED_ENV, Config
+from autotune.config.knobs import KNOBS, TUNED_ENV, Config, parse_values
 from autotune.errors import ProfileError
 from autotune.trial.apply import (
+    attention_refused,
     autocast_dtype,
     compile_model,
     ddp_kwargs,
@@ -181,6 +183,15 @@ class Profile:
             environ[key] = value
         return dict(self.env)
 
+    def refused_here(self) -> list[str]:
+        """Why values of this profile cannot be applied on this machine (each refused when it
+        would be applied; ``profile check`` refuses to start): a flash attention that
+        transformers would replace by a kernel from the Hub."""
+        if self.config.attention == "default":
+            return []
+        refused = attention_refused(self.config.attention)
+        return [refused] if refused else []
+
     def foreign_env(self) -> list[str]:
         """Names in the profile's ``env`` that autotune does not tune (``TUNED_ENV``)."""
         return [k for k in self.env if k not in TUNED_ENV]
@@ -207,7 +218,12 @@ class Profile:
     def attn_implementation(self) -> str | None:
         """The attention implementation for transformers' ``from_pretrained`` /
         ``from_config`` (``attn_implementation=``); None: the model's own default."""
-        return None if self.config.attention == "default" else self.config.attention
+        if self.config.attention == "default":
+            return None
+        refused = attention_refused(self.config.attention)
+        if refused:
+            raise ProfileError(refused)
+        return self.config.attention
 
     @_tracked
     def optimizer_kwargs(self) -> dict[str, Any]:
@@ -229,7 +245,10 @@ class Profile:
         checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
         DDP, wrap what this returns, as the trials do (compiling around DDP can leave a
         ``torch.nn`` model uncompiled). Returns the model to train."""
-        model = prepare_model(model, self.config)
+        try:
+            model = prepare_model(model, self.config)
+        except ValueError as exc:
+            raise ProfileError(str(exc)) from None
         return self.compile_model(model) if compile else model
 
     @_tracked
@@ -348,6 +367,7 @@ class Profile:
         lines.append(f"tuned on   {where}, torch {fp.get('torch_version')}, "
                      f"{self.provenance.get('created')}, study {self.provenance.get('study')}")
         lines += [f"note       {n}" for n in self.notes]
+        lines += [f"REFUSED    here: {why}" for why in self.refused_here()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -431,26 +451,34 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
     problems += [f"{k} is not a mapping" for k in _MAPPINGS
                  if k in data and not isinstance(data[k], dict)
                  and not (k == "env" and data[k] is None)]
-    config = None
+    config: Config | None = None
+    values: list[str] = []  # what the knob registry refuses
     if isinstance(data.get("config"), dict):
-        try:
-            config = Config.from_dict(data["config"])
-        except (TypeError, ValueError) as exc:
-            problems.append(f"has a bad config ({exc})")
+        config, values = _config(data["config"], "config")
+    if isinstance(data.get("baseline"), dict) and data["baseline"].get("config") is not None:
+        values += _config(data["baseline"]["config"], "baseline.config")[1]
     if isinstance(data.get("result"), dict) and \
-            not isinstance(data["result"].get("samples_per_sec"), int | float):
-        problems.append("has no result.samples_per_sec")
+            not _positive(data["result"].get("samples_per_sec"), zero=True):
+        # 0: a trial's candidate, written before anything was measured
+        problems.append("has no result.samples_per_sec (a finite number >= 0)")
     env = data.get("env") or {}
     if isinstance(env, dict) and not all(isinstance(k, str) and isinstance(v, str)
                                          for k, v in env.items()):
         problems.append("has an env whose names and values are not all strings")
+    elif isinstance(env, dict):
+        problems += _env_problems(env)
     speedup = data.get("speedup")
-    if speedup is not None and not isinstance(speedup, int | float):
-        problems.append(f"has a speedup that is not a number ({speedup!r})")
+    if speedup is not None and not _positive(speedup):
+        problems.append(f"has a speedup that is not a positive number ({speedup!r})")
     for name, kind in (("confirmation", dict), ("notes", list), ("diagnosis", list),
                        ("probe", dict)):
         if data.get(name) is not None and not isinstance(data[name], kind):
             problems.append(f"has a {name} that is not a {'mapping' if kind is dict else 'list'}")
+    if values:
+        # Edited, not damaged: say which values, what they may be, and where that is written.
+        raise ProfileError(f"{source}: {'; '.join(values + problems)}; a profile holds only "
+                           "the values autotune's knob registry lists (docs/profiles.md): "
+                           "correct it, or re-export the profile with `autotune run`")
     if problems or config is None:
         raise ProfileError(f"{source} {'; '.join(problems)}: the file is damaged or truncated; "
                            "re-export it with `autotune run` on its study")
@@ -461,6 +489,40 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
                    confirmation=data.get("confirmation") or None,
                    probe=data.get("probe") if isinstance(data.get("probe"), dict) else None,
                    diagnosis=[d for d in data.get("diagnosis") or [] if isinstance(d, dict)])
+
+
+def _config(data: Any, key: str) -> tuple[Config | None, list[str]]:
+    """A profile's config, every value checked against the knob registry, and a line for each
+    value it refuses (naming the key, the value and the allowed values). A profile is data that
+    may have been edited or downloaded, and what it holds goes into training: a Hub id as the
+    attention implementation would download code."""
+    if not isinstance(data, dict):
+        return None, [f"{key} is not a mapping"]
+    unknown = sorted(set(data) - set(Config.__dataclass_fields__))
+    values, problems = parse_values(data)
+    lines = [f"{key}.{p}" for p in problems]
+    if unknown:
+        lines.insert(0, f"{key} has keys no knob has ({', '.join(map(repr, unknown))})")
+    return (None if lines else Config(**values)), lines
+
+
+def _env_problems(env: dict[str, str]) -> list[str]:
+    """The tuned variables' values, checked as their knobs check them (names autotune does not
+    tune are refused where the env is applied, and shown by ``profile show``)."""
+    problems = []
+    for name, knob in (("NCCL_ALGO", "nccl_algo"), ("NCCL_PROTO", "nccl_proto")):
+        if name in env:
+            try:
+                KNOBS[knob].parse(env[name])
+            except ValueError as exc:
+                problems.append(f"has env.{exc}")
+    return problems
+
+
+def _positive(value: Any, zero: bool = False) -> bool:
+    """A finite number above zero, or zero too (YAML's .nan and .inf are floats as well)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and \
+        math.isfinite(value) and (value > 0 or (zero and value == 0))
 
 
 # A profile autotune writes is a few KB and a few hundred values; these bounds refuse a file
@@ -524,12 +586,17 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
                            "(YAML aliases repeating aliases): it is not a profile autotune wrote")
     profile = from_dict(data, str(path))
     if check_fingerprint:
-        from autotune.machine.hardware import detect
+        from autotune.machine.hardware import compare_fingerprints, detect
 
-        differs = fingerprint_diff(profile.fingerprint, detect().fingerprint())
-        if differs:
+        match = compare_fingerprints(profile.fingerprint, detect().fingerprint())
+        if match.differs:
             warnings.warn(f"profile {path} was tuned on a different machine or software: "
-                          f"{'; '.join(differs)}", FingerprintWarning, stacklevel=2)
+                          f"{'; '.join(match.differs)}", FingerprintWarning, stacklevel=2)
+        elif match.unverified:
+            warnings.warn(f"profile {path} was made by an earlier autotune whose fingerprint "
+                          f"did not record the CPU's {match.unverified_words()}: whether it "
+                          "was tuned on this CPU cannot be told", FingerprintWarning,
+                          stacklevel=2)
     return profile
 
 

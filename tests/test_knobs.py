@@ -32,7 +32,9 @@ def test_parse_accepts(knob: str, value: object, expected: object) -> None:
 
 
 @pytest.mark.parametrize(("knob", "value", "message"), [
-    ("micro_batch_size", 0, ">= 1, got 0"),
+    ("micro_batch_size", 0, "from 1 to 16777216, got 0"),
+    ("micro_batch_size", 2**62, "from 1 to 16777216, got 4611686018427387904"),
+    ("cpu_threads", 10**9, "from 0 to 4096"),
     ("micro_batch_size", True, "integer"),
     ("amp", "fp8", "one of"),
     ("nccl_algo", "Butterfly", "comma-separated list of .*Tree.*got .Butterfly."),

@@ -124,7 +124,7 @@ def test_damaged_contents_name_every_problem(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as err:
         load_profile(tmp_path / "p.yaml")
     for needle in ("lacks fingerprint", "warp_speed", "env whose names and values",
-                   "speedup that is not a number", "re-export"):
+                   "speedup that is not a positive number", "re-export"):
         assert needle in str(err.value)
     (tmp_path / "bin.yaml").write_bytes(b"\x00\xff\xfe garbage")
     with pytest.raises(ProfileError, match="damaged|not text"):

@@ -46,7 +46,7 @@ knobs:
     problems = info.value.problems
     assert len(problems) == 4
     text = str(info.value)
-    assert "micro_batch_size: must be >= 1, got 0" in text
+    assert "micro_batch_size: must be an integer from 1 to 16777216, got 0" in text
     assert "amp: must be one of" in text and "'fp8'" in text
     assert "unknown knob 'batch_size'" in text
     assert "low (4) must be <= high (2)" in text

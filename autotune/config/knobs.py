@@ -31,6 +31,15 @@ OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 MATMUL_PRECISIONS = ("highest", "high")
 # The attention implementation of a transformers model; "default" is the model's own choice.
 ATTENTIONS = ("default", "eager", "sdpa", "flash_attention_2")
+# The largest value each integer knob takes: far beyond any machine (a 2**62 micro-batch
+# overflows the sample count; a billion threads aborts the process inside libgomp).
+MAX_BATCH = 2**24
+MAX_ACCUM = 2**16
+MAX_BUCKET_MB = 2**16
+MAX_WORKERS = 1024
+MAX_PREFETCH = 1024
+MAX_THREADS = 4096
+MAX_WORLD = 2**17
 # Knobs that change the model or its optimizer: searched only for a workload that declares them
 # in its ``supports`` (a user's model may not take them; it then keeps its own behaviour).
 DECLARED = ("optimizer_impl", "compile", "attention", "activation_checkpointing")
@@ -109,20 +118,30 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Config:
-        """Build a config from its dict form; unknown keys are an error, missing ones default."""
+        """Build a config from its dict form; unknown keys are an error, missing ones default,
+        and every value is checked against the knob registry (``value_problems``): a config
+        read from a profile, a study or a trial's spec is data, and nothing outside the
+        registry reaches torch or transformers. Raises ValueError naming every bad value."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; known: {sorted(names)}")
-        return cls(**dict(data))
+        values, problems = parse_values(data)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return cls(**values)
 
 
-def _int_at_least(minimum: int) -> Callable[[Any], int]:
+def _int_in(minimum: int, maximum: int) -> Callable[[Any], int]:
+    """An integer knob's parser. The upper bound is far above any machine's need; it keeps a
+    value from a hand-edited file (2**62 samples, a billion threads) from reaching torch, where
+    it overflows a count or aborts the process inside OpenMP."""
+
     def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"must be an integer >= {minimum}, got {value!r}")
-        if value < minimum:
-            raise ValueError(f"must be >= {minimum}, got {value}")
+            raise ValueError(f"must be an integer from {minimum} to {maximum}, got {value!r}")
+        if not minimum <= value <= maximum:
+            raise ValueError(f"must be an integer from {minimum} to {maximum}, got {value}")
         return value
 
     return parse
@@ -320,11 +339,12 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("micro_batch_size", "samples per forward/backward on each rank", _int_at_least(1)),
-        Knob("grad_accum_steps", "micro-batches per optimizer step", _int_at_least(1)),
+        Knob("micro_batch_size", "samples per forward/backward on each rank",
+             _int_in(1, MAX_BATCH)),
+        Knob("grad_accum_steps", "micro-batches per optimizer step", _int_in(1, MAX_ACCUM)),
         Knob("amp", "autocast precision: off (fp32), fp16 or bf16", _parse_amp,
              value_ok=_amp_value),
-        Knob("ddp_bucket_cap_mb", "DDP gradient bucket size in MB", _int_at_least(1),
+        Knob("ddp_bucket_cap_mb", "DDP gradient bucket size in MB", _int_in(1, MAX_BUCKET_MB),
              applies=_needs_ranks),
         Knob("ddp_gradient_as_bucket_view", "DDP gradients as views into the buckets "
              "(saves a copy and memory)", _parse_bool,
@@ -341,10 +361,11 @@ KNOBS: dict[str, Knob] = {
         Knob("nccl_proto", "NCCL_PROTO for the ranks; default lets NCCL decide",
              _nccl_values(NCCL_PROTOS, "NCCL_PROTO"), applies=_needs_nccl,
              value_ok=_nccl_version_ok(NCCL_PROTOS, "NCCL_PROTO")),
-        Knob("num_workers", "DataLoader worker processes per rank", _int_at_least(0),
+        Knob("num_workers", "DataLoader worker processes per rank", _int_in(0, MAX_WORKERS),
              value_ok=_workers_value),
         Knob("pin_memory", "DataLoader pin_memory", _parse_bool, applies=_needs_gpu),
-        Knob("prefetch_factor", "batches each loader worker prepares ahead", _int_at_least(1),
+        Knob("prefetch_factor", "batches each loader worker prepares ahead",
+             _int_in(1, MAX_PREFETCH),
              when=("num_workers", lambda workers: workers > 0, None)),
         Knob("optimizer_impl", "optimizer step: default (as built), for-loop, foreach or fused",
              _one_of(OPTIMIZER_IMPLS), value_ok=_optimizer_value),
@@ -357,9 +378,35 @@ KNOBS: dict[str, Knob] = {
         Knob("activation_checkpointing", "recompute activations in backward: less memory, "
              "more compute", _parse_bool),
         Knob("cpu_threads", "intra-op CPU threads per rank (torch.set_num_threads); 0: torch's "
-             "default", _int_at_least(0), value_ok=_threads_value),
+             "default", _int_in(0, MAX_THREADS), value_ok=_threads_value),
     )
 }
+
+
+def _parse_world(value: Any) -> int:
+    return _int_in(1, MAX_WORLD)(value)
+
+
+def parse_values(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data``'s values parsed by the knob registry (canonical spelling: ``BF16`` -> ``bf16``),
+    with one line per value the registry refuses (``attention must be one of [...], got
+    'kernels-community/flash-attn'``). Keys that are no knob are passed through unchecked."""
+    values, problems = dict(data), []
+    for name, value in data.items():
+        if name == "world_size":
+            parse: Callable[[Any], Any] = _parse_world
+        elif name in KNOBS:
+            parse = KNOBS[name].parse
+        else:
+            continue
+        if name == "prefetch_factor" and value is None:  # no loader workers: DataLoader's None
+            continue
+        try:
+            values[name] = parse(value)
+        except ValueError as exc:
+            text = str(exc)  # "must be ..." or, for NCCL, "NCCL_ALGO must be ..."
+            problems.append(f"{name} {text}" if text.startswith("must") else f"{name}: {text}")
+    return values, problems
 
 
 def oversubscribed(config: Config, cpu_cores: int) -> str | None:

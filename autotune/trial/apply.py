@@ -5,9 +5,10 @@ what was measured is what trains. torch is imported inside the functions that ne
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
-from autotune.config.knobs import Config
+from autotune.config.knobs import ATTENTIONS, Config
 
 
 def loader_kwargs(config: Config, device_type: str) -> dict[str, Any]:
@@ -89,6 +90,30 @@ def torch_flags_in_force() -> dict[str, Any]:
             else "highest"}
 
 
+def attention_refused(attention: str, model: Any = None) -> str | None:
+    """Why ``attention`` must not be handed to transformers here, or None. Only the registry's
+    names are ever passed (never a Hub id or a path: transformers 5 downloads and runs a Hub
+    kernel for those), and a registry name that transformers would quietly replace by a Hub
+    kernel is refused on this machine: ``flash_attention_2`` without the flash-attn package
+    (with the ``kernels`` package installed, transformers loads a kernel from the Hub instead),
+    or for a model whose own list of flash implementations does not hold it (transformers
+    switches to the first of that list, which may be a Hub kernel)."""
+    if attention not in ATTENTIONS:
+        return f"attention must be one of {list(ATTENTIONS)}, got {attention!r}"
+    if not attention.startswith("flash_attention"):
+        return None
+    if importlib.util.find_spec("flash_attn") is None:
+        return (f"attention={attention} needs the flash-attn package, which is not installed "
+                "here: transformers would load a flash-attention kernel from the Hub in its "
+                "place; install flash-attn, or use attention: sdpa")
+    compatible = getattr(model, "_compatible_flash_implementations", None)
+    if compatible and attention not in compatible:
+        return (f"attention={attention}: {type(model).__name__} lists {list(compatible)} as its "
+                "flash implementations, and transformers would switch to the first (which may "
+                "be a Hub kernel); use attention: sdpa")
+    return None
+
+
 def prepare_model(model: Any, config: Config) -> Any:
     """The attention implementation and activation checkpointing a config sets, applied to a
     transformers model (or one with the same two methods); the model itself is returned.
@@ -98,6 +123,9 @@ def prepare_model(model: Any, config: Config) -> Any:
         if setter is None:
             raise ValueError(f"attention={config.attention} needs a transformers model "
                              f"(set_attn_implementation); {type(model).__name__} has none")
+        refused = attention_refused(config.attention, model)
+        if refused:
+            raise ValueError(refused)
         setter(config.attention)
     if config.activation_checkpointing:
         # Non-reentrant: what torch recommends, and it needs no input that requires grad.

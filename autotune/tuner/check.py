@@ -19,7 +19,7 @@ from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware, detect
 from autotune.profile import Profile
 from autotune.trial import launch
-from autotune.trial.command import parse_command
+from autotune.trial.command import Command, parse_command
 from autotune.trial.measurement import INTERRUPTED, Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec, builtin_workloads
@@ -58,7 +58,14 @@ class CheckResult:
 
 
 def check_target(profile: Profile, hw: Hardware) -> None:
-    """Refuse a comparison that cannot mean anything: another device type, too few GPUs."""
+    """Refuse a comparison that cannot mean anything: another device type, too few GPUs, a
+    value this machine cannot apply as tuned."""
+    for why in profile.refused_here():
+        raise UsageError(f"the profile cannot run here: {why}")
+    if profile.samples_per_sec <= 0:
+        raise UsageError("the profile records no measured samples/sec (result.samples_per_sec "
+                         "is 0: a trial's candidate, not an exported profile); check a profile "
+                         "`autotune run` exported")
     tuned = profile.fingerprint.get("device")
     if tuned and tuned != hw.device:
         raise UsageError(f"the profile was tuned on {tuned} and this machine runs trials on "
@@ -79,10 +86,12 @@ def measure_settings(profile: Profile) -> MeasureSettings:
                          "re-export the profile with this version's `autotune run`") from None
 
 
-def check_workload(profile: Profile, allow: str | None) -> WorkloadSpec:
+def check_workload(profile: Profile, allow: str | None,
+                   allow_edited: bool = False) -> WorkloadSpec:
     """The profile's workload, when checking may run it: a built-in, or the one workload (or
     the one script's command) the command line allows by name. A profile is data; the workload
-    or command it names is code."""
+    or command it names is code. A script edited since it was tuned is another workload: refused
+    unless ``allow_edited``."""
     spec = str(profile.workload.get("spec") or profile.workload.get("name") or "")
     if spec == "command":
         command = shlex.join(str(a) for a in script_command(profile))
@@ -90,7 +99,10 @@ def check_workload(profile: Profile, allow: str | None) -> WorkloadSpec:
             raise UsageError(f"the profile runs the command {command!r}: checking runs it "
                              f"again; if you trust it, pass --allow-workload "
                              f"{shlex.quote(command)} (from the directory it was tuned in)")
-        return WorkloadSpec(spec, dict(profile.workload.get("params") or {}))
+        params = dict(profile.workload.get("params") or {})
+        if not allow_edited:
+            _refuse_edited(parse_command(script_command(profile)), params)
+        return WorkloadSpec(spec, params)
     if spec in builtin_workloads() or (allow is not None and allow == spec):
         return WorkloadSpec(spec, dict(profile.workload.get("params") or {}))
     raise UsageError(f"the profile names workload {spec!r}, which is not built in: checking it "
@@ -98,12 +110,29 @@ def check_workload(profile: Profile, allow: str | None) -> WorkloadSpec:
                      f"{shlex.quote(spec)}")
 
 
+def _refuse_edited(command: Command, params: dict[str, object]) -> None:
+    """The script the command runs must be the one that was tuned: a check of an edited
+    script would PASS or FAIL another program's speed."""
+    then, now = params.get("script_sha256"), command.script_sha256
+    if then == now:
+        return
+    if not then:
+        raise UsageError(f"the profile records no hash of {command.name} (tuned before "
+                         "autotune recorded one): whether it changed cannot be told; pass "
+                         "--allow-edited to check it as it is now")
+    raise UsageError(f"{command.name} changed since the profile was tuned (sha256 "
+                     f"{str(then)[:12]} then, {str(now)[:12]} now): the check would measure "
+                     "another script; restore it, re-tune it, or pass --allow-edited to check "
+                     "it as it is now")
+
+
 def check_profile(profile: Profile, *, rounds: int, threshold: float,
                   trial_timeout_s: float = 600.0,
                   on_round: Callable[[int, Measurement], None] | None = None,
-                  hw: Hardware | None = None, allow_workload: str | None = None) -> CheckResult:
+                  hw: Hardware | None = None, allow_workload: str | None = None,
+                  allow_edited: bool = False) -> CheckResult:
     """Measure the profile's config ``rounds`` times, each in a fresh trial process."""
-    workload = check_workload(profile, allow_workload)
+    workload = check_workload(profile, allow_workload, allow_edited)
     if rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {rounds}")
     if not 0 < threshold <= 10:
