@@ -1,5 +1,5 @@
-"""What a training script calls so that autotune can tune it as it is: one call per optimizer
-step, and a question whether to stop.
+"""What a training script calls so that autotune can tune it (besides loading its profile with
+``autotune.load_profile()``): one call per optimizer step, and a question whether to stop.
 
     for batch in loader:
         ...                          # forward, backward, optimizer.step()
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import operator
 import os
 import sys
 import threading
@@ -51,7 +53,8 @@ class _Trial:
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.rank = _rank()
-        self.default_samples = int(os.environ.get(SAMPLES_ENV, "0") or 0)
+        self.default_samples = _env_int(SAMPLES_ENV, "0", "the samples per optimizer step "
+                                        "autotune sets for the candidate config")
         # Line-buffered: the tuner sees each step as it ends, and a killed process loses none.
         self.file = open(steps_file(folder, self.rank), "a", buffering=1)  # noqa: SIM115
         self.steps = 0
@@ -66,13 +69,15 @@ class _Trial:
     def _write(self, doc: dict[str, Any]) -> None:
         self.file.write(json.dumps(doc) + "\n")
 
-    def step(self, samples: int | None, data_s: float | None) -> None:
+    def step(self, samples: int | None, data_s: float | None, loss: Any = None) -> None:
         if os.getpid() != self.pid:
             return  # a forked child (a fork-started rank, a worker) is not this process
         now = time.time()
+        n = self.default_samples if samples is None else _samples(samples)
+        extra = "" if data_s is None else f',"d":{_seconds(data_s):.6f}'
+        if loss is not None and not _finite_loss(loss):
+            extra += ',"nan":1'
         self.steps += 1
-        n = self.default_samples if samples is None else int(samples)
-        extra = "" if data_s is None else f',"d":{data_s:.6f}'
         if now >= self.next_memory:
             self.next_memory = now + MEMORY_POLL_S
             peak = _cuda_peak()
@@ -81,6 +86,10 @@ class _Trial:
         if samples is None:
             extra += ',"default":1' if self.steps == 1 else ""
         self.file.write(f'{{"s":{self.steps},"t":{now:.6f},"n":{n}{extra}}}\n')
+
+    def diverged(self) -> None:
+        if os.getpid() == self.pid:
+            self._write({"nan": self.steps, "t": time.time()})
 
     def should_stop(self) -> bool:
         if self.stop_at is None:
@@ -101,14 +110,66 @@ class _Trial:
             self._write({"a": name, "t": time.time()})
 
 
+class StepError(ValueError):
+    """A step report autotune refuses at once: a value that is not a number the tuner could
+    trust, or an environment variable it cannot read. The message is one line naming it."""
+
+
+def _samples(value: Any) -> int:
+    try:
+        n = operator.index(value)  # ints and numpy ints; not floats, not bools' cousins
+    except TypeError:
+        raise StepError(f"autotune.step(samples={value!r}): samples must be a whole number "
+                        ">= 0 (this rank's samples in the optimizer step)") from None
+    if isinstance(value, bool) or n < 0:
+        raise StepError(f"autotune.step(samples={value!r}): samples must be a whole number "
+                        ">= 0 (this rank's samples in the optimizer step)")
+    return n
+
+
+def _seconds(value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise StepError(f"autotune.step(data_s={value!r}): data_s must be a finite number of "
+                        "seconds >= 0 (how long the step waited for its batches)")
+    return seconds
+
+
+def _finite_loss(value: Any) -> bool:
+    """Whether the loss is a finite number (a float, or a one-element tensor: reading it waits
+    for the device, as logging the loss does)."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        raise StepError(f"autotune.step(loss={value!r}): loss must be a number or a "
+                        "one-element tensor") from None
+
+
+def _env_int(name: str, default: str, what: str) -> int:
+    raw = os.environ.get(name, default) or default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise StepError(f"autotune: {name}={raw!r} in the environment is not a whole number "
+                        f">= 0 ({what}): correct or unset it")
+    return value
+
+
 def _rank() -> int:
     """This process's rank: RANK (torchrun), else the local rank and node of a launcher that
     sets only those (Lightning starting its ranks itself), else 0."""
+    what = "set by the launcher for each rank"
     if "RANK" in os.environ:
-        return int(os.environ["RANK"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    node = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")))
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return _env_int("RANK", "0", what)
+    local = _env_int("LOCAL_RANK", "0", what)
+    node = _env_int("NODE_RANK", "0", what) if "NODE_RANK" in os.environ else \
+        _env_int("GROUP_RANK", "0", what)
+    per_node = _env_int("LOCAL_WORLD_SIZE", "1", what)
     return node * per_node + local
 
 
@@ -129,17 +190,31 @@ def _trial() -> _Trial | None:
     return _state or None  # type: ignore[return-value]
 
 
-def step(samples: int | None = None, data_s: float | None = None) -> None:
+def step(samples: int | None = None, data_s: float | None = None, loss: Any = None) -> None:
     """Mark the end of one optimizer step. ``samples``: what this process trained on in it
     (its micro-batch x accumulation; default: the tuned config's); ``data_s``: seconds the step
-    waited for its batches, when the script knows (the callbacks measure it). A no-op outside
-    a trial."""
+    waited for its batches, when the script knows (the callbacks measure it); ``loss``: the
+    step's loss, when the script has it (a NaN or infinite one ends the trial as diverged).
+    A no-op outside a trial. In a trial, a value that is not a finite number >= 0 raises
+    ``StepError`` at once, naming it."""
     state = _state
     if state is False:
         return
     trial = _trial() if state is None else state
     if trial:
-        trial.step(samples, data_s)  # type: ignore[union-attr]
+        trial.step(samples, data_s, loss)  # type: ignore[union-attr]
+
+
+def diverged() -> None:
+    """Report that the loss (or the gradient norm) became NaN or infinite after the steps
+    reported so far: the trial ends as diverged. For scripts that learn of it other than by
+    ``step(loss=...)`` (the Hugging Face callback reads the Trainer's logs). A no-op outside a
+    trial."""
+    if _state is False:
+        return
+    trial = _trial()
+    if trial is not None:
+        trial.diverged()
 
 
 def should_stop() -> bool:

@@ -81,9 +81,12 @@ def test_knobs_a_script_never_applies_are_named_with_the_method() -> None:
 
 # -- the step protocol, from step files -----------------------------------------------------------
 
-def _driver(tmp_path: Path, world: int = 1, settings: MeasureSettings = QUICK) -> StepDriver:
+def _driver(tmp_path: Path, world: int = 1, settings: MeasureSettings = QUICK,
+            expected: int = 0) -> StepDriver:
+    # The step files these tests write are of a script that started two minutes ago.
     return StepDriver(tmp_path, world, settings, "train.py", str(tmp_path / "progress.jsonl"),
-                      str(tmp_path / "result.json"))
+                      str(tmp_path / "result.json"), started=time.time() - 120,
+                      expected_samples=expected)
 
 
 def _steps(tmp_path: Path, rank: int, ends: list[float], samples: int = 8,
@@ -215,7 +218,6 @@ def test_a_script_that_ends_before_a_window_says_so(tmp_path: Path) -> None:
 def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
     _steps(tmp_path, 0, [time.time()])
     d = _driver(tmp_path, world=2, settings=MeasureSettings(no_progress_s=0.0))
-    d.started -= 1
     d.poll()
     assert d.give_up
     reason = json.loads((tmp_path / "result.json").read_text())["reason"]

@@ -11,6 +11,7 @@ Outside a trial it does nothing: the script stays the production script.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -65,7 +66,15 @@ class AutotuneCallback(TrainerCallback):
         if self.active and self.ready is not None:
             self.ready = time.perf_counter()
 
-    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+               **kwargs: Any) -> None:
+        # The Trainer logs the loss and the gradient norm every logging_steps; a NaN or
+        # infinite one ends the trial as diverged (its default logging_nan_inf_filter hides a
+        # NaN loss, not the gradient norm).
+        if self.active and isinstance(logs, dict) and not all(
+                math.isfinite(v) for k, v in logs.items()
+                if k in ("loss", "grad_norm") and isinstance(v, int | float)):
+            steps.diverged()
         self._after_own_work()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -59,11 +59,14 @@ class AutotuneCallback(Callback):
         self.samples: int | None = 0  # None: a micro-batch of this step had no countable size
         self.data_s: float | None = 0.0  # None: a micro-batch's wait is unknown (the first)
         self.ready: float | None = None  # perf_counter when the previous micro-batch ended
+        # The loss of the last micro-batch of the previous optimizer step: read one step late,
+        # when the device has long computed it, so checking it costs the loop no wait.
+        self.loss: Any = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.active = steps.in_trial()
         self.global_step = trainer.global_step
-        self.samples, self.data_s, self.ready = 0, 0.0, None
+        self.samples, self.data_s, self.ready, self.loss = 0, 0.0, None, None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -84,7 +87,9 @@ class AutotuneCallback(Callback):
         # Fires per micro-batch; the optimizer stepped when the global step moved.
         if trainer.global_step != self.global_step:
             self.global_step = trainer.global_step
-            steps.step(self.samples, self.data_s)
+            steps.step(self.samples, self.data_s, loss=self.loss)
+            loss: Any = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            self.loss = loss.detach() if hasattr(loss, "numel") and loss.numel() == 1 else None
             if steps.should_stop():
                 trainer.should_stop = True
             self.samples, self.data_s = 0, 0.0

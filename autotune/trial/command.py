@@ -1,7 +1,7 @@
 """Trials of the user's own training script (``autotune run -- CMD``): the command as a study
 knows it, checked once, and what its trial's environment adds.
 
-The script runs unchanged, with ``AUTOTUNE_PROFILE`` naming the candidate config as a profile
+The script runs as typed, with ``AUTOTUNE_PROFILE`` naming the candidate config as a profile
 and ``AUTOTUNE_TRIAL_DIR`` the trial's folder, where each of its processes appends a line per
 optimizer step (``autotune.steps``); ``trial.driver`` measures the trial from those lines.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,31 +60,83 @@ def parse_command(argv: list[str] | tuple[str, ...]) -> Command:
     if base.startswith("python") and rest[:1] == ["-m"] and rest[1:2] and \
             rest[1] in _TORCHRUN_MODULES:
         launcher, rest = True, rest[2:]
-    nproc = _torchrun_nproc(rest) if launcher else 1
-    script = next((a for a in (rest if launcher or base.startswith("python") else [program])
-                   if a.endswith(".py") and Path(a).is_file()), None)
-    if script is None and base.startswith("python") and rest and rest[0].endswith(".py"):
-        raise UsageError(f"script {rest[0]!r} not found: check the path after python")
+    nproc = 1
+    if launcher:
+        options, at = _torchrun_options(rest)
+        nproc = _torchrun_nproc(options)
+        if "module" in options:  # torchrun --module pkg.train
+            rest = ["-m", *rest[at:]]
+    module = _module(rest) if launcher or base.startswith("python") else None
+    if module is not None:  # python -m pkg.train: the file it runs is the script
+        script, name = module_file(module), module
+        if script is None:
+            raise UsageError(f"module {module!r} not found (from {os.getcwd()} and the Python "
+                             "path): check the name after -m")
+    else:
+        script = next((a for a in (rest if launcher or base.startswith("python") else [program])
+                       if a.endswith(".py") and Path(a).is_file()), None)
+        if script is None and base.startswith("python") and rest and rest[0].endswith(".py"):
+            raise UsageError(f"script {rest[0]!r} not found: check the path after python")
+        name = os.path.basename(script) if script else base
     digest = hashlib.sha256(Path(script).read_bytes()).hexdigest() if script else None
-    return Command(argv, os.path.basename(script) if script else base, script, digest, nproc,
-                   launcher)
+    return Command(argv, name, script, digest, nproc, launcher)
 
 
-def _torchrun_nproc(args: list[str]) -> int:
-    """Ranks a torchrun command starts on this node; refuses what a trial cannot be."""
+def _module(args: list[str]) -> str | None:
+    """The module of ``-m MODULE`` (python's, or torchrun's ``-m`` before its script) where
+    the arguments run one; None otherwise."""
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1]
+        if arg == "-c" or not arg.startswith("-"):
+            return None  # python -c CODE, or the script and its own arguments
+    return None
+
+
+def module_file(module: str) -> str | None:
+    """The file ``python -m MODULE`` runs from this directory (a package's ``__main__.py``),
+    found without importing anything: importing a package runs its code."""
+    from importlib.machinery import PathFinder
+
+    paths = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
+    spec = None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), [p for p in paths if p])
+        if spec is None:
+            return None
+        paths = list(spec.submodule_search_locations or [])
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package: -m runs its __main__
+        main = PathFinder.find_spec(f"{module}.__main__", list(spec.submodule_search_locations))
+        return main.origin if main is not None and main.has_location else None
+    return spec.origin if spec.has_location else None
+
+
+def _torchrun_options(args: list[str]) -> tuple[dict[str, str], int]:
+    """torchrun's own options (``--key value`` or ``--key=value``; ``-m`` is ``--module``)
+    and where its script's part of the command starts."""
     values: dict[str, str] = {}
     i = 0
     while i < len(args):
         arg = args[i]
+        if arg == "-m":
+            arg = "--module"
         if not arg.startswith("--"):
             break  # the script and its own arguments
         key, eq, value = arg[2:].partition("=")
         key = key.replace("_", "-")
-        if not eq and i + 1 < len(args) and not args[i + 1].startswith("--") and \
-                key not in ("standalone", "no-python", "run-path"):
+        if not eq and i + 1 < len(args) and not args[i + 1].startswith("-") and \
+                key not in ("standalone", "no-python", "run-path", "module"):
             value, i = args[i + 1], i + 1
         values[key] = value
         i += 1
+    return values, i
+
+
+def _torchrun_nproc(values: dict[str, str]) -> int:
+    """Ranks a torchrun command starts on this node; refuses what a trial cannot be."""
     nnodes = values.get("nnodes", "1")
     if nnodes not in ("1", "1:1"):
         raise UsageError(f"torchrun --nnodes {nnodes}: a script's trials run on this machine "

@@ -25,51 +25,10 @@ from typing import Any
 
 from autotune.steps import STOP_FILE, steps_file
 from autotune.trial.measurement import RESULT_SCHEMA, median_and_cv
+from autotune.trial.reports import MIN_STEP_S, RankReports
 from autotune.trial.spec import MeasureSettings
 
 TERM_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
-
-
-@dataclass
-class _Rank:
-    """What one rank reported so far."""
-
-    path: Path
-    offset: int = 0
-    partial: bytes = b""
-    ends: list[float] = field(default_factory=list)  # ends[i]: wall time step i + 1 ended
-    samples: list[int] = field(default_factory=list)
-    waits: list[float | None] = field(default_factory=list)
-    peak: int = 0
-    accessed: list[str] = field(default_factory=list)
-    default_samples: bool = False
-
-    def read(self) -> None:
-        """New whole lines since the last read (tailed by offset: a long run has many)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        for line in lines:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                self._take(json.loads(line))
-
-    def _take(self, e: dict[str, Any]) -> None:
-        if "s" in e:
-            if int(e["s"]) != len(self.ends) + 1:
-                return  # not this process's next step (a forked child's, a repeat)
-            self.ends.append(float(e["t"]))
-            self.samples.append(int(e["n"]))
-            self.waits.append(float(e["d"]) if "d" in e else None)
-            self.peak = max(self.peak, int(e.get("m", 0)))
-            self.default_samples = self.default_samples or bool(e.get("default"))
-        elif "a" in e and e["a"] not in self.accessed:
-            self.accessed.append(str(e["a"]))
 
 
 @dataclass
@@ -84,7 +43,7 @@ class StepDriver:
     result_path: str
     device: str = "cpu"
     started: float = field(default_factory=time.time)
-    ranks: list[_Rank] = field(default_factory=list)
+    ranks: list[RankReports] = field(default_factory=list)
     warm: list[float] = field(default_factory=list)
     warm_ended_by: str | None = None
     warm_end: int = 0  # the step warm-up ended with
@@ -97,6 +56,9 @@ class StepDriver:
     term_sent: float | None = None
     ignored_stop: bool = False
     give_up: bool = False  # the trial is over without a stop request (no progress, too slow)
+    # The result document, as decided here: what the tuner reads (the copy in the trial's
+    # folder is for the record; the script could write that file too).
+    result: dict[str, Any] | None = None
 
     timeout_s: float = float("inf")  # the trial's hard limit
     # Samples one step of one rank should train on, as the config sets them (micro-batch x
@@ -104,7 +66,8 @@ class StepDriver:
     expected_samples: int = 0
 
     def __post_init__(self) -> None:
-        self.ranks = [_Rank(Path(steps_file(str(self.folder), r))) for r in range(self.world)]
+        self.ranks = [RankReports(Path(steps_file(str(self.folder), r)), r)
+                      for r in range(self.world)]
 
     @property
     def no_progress_s(self) -> float:
@@ -117,9 +80,14 @@ class StepDriver:
     def poll(self, running: bool = True) -> None:
         """Read what the ranks reported and take every decision it allows (those on the wall
         clock only while the script runs)."""
+        # A clock read a little before the start counts: the tuner's and the script's clocks are
+        # the same machine's, read a few microseconds apart.
+        since = self.started - 1.0
         for rank in self.ranks:
-            rank.read()
+            rank.read(since)
         if self.done:
+            return
+        if self._untrusted():
             return
         steps = min(len(r.ends) for r in self.ranks)
         if steps == 0:
@@ -132,6 +100,25 @@ class StepDriver:
             self._measure(steps)
         if not self.done and running:
             self._check_too_slow()
+
+    def _untrusted(self) -> bool:
+        """End the trial on a report that cannot be trusted, or on a loss that was not finite,
+        naming the step; True when it did."""
+        bad = next((r.bad for r in self.ranks if r.bad), None)
+        if bad is not None:
+            self._finish("error", f"{self.name}: {bad}", give_up=True)
+            return True
+        diverged = next((r.diverged for r in self.ranks if r.diverged), None)
+        if diverged is not None:
+            self._finish("diverged", f"the loss of {self.name} was NaN or infinite at "
+                         f"{diverged}: this config does not train (with fp16, an overflow)",
+                         give_up=True)
+            return True
+        if not self.folder.is_dir():
+            self._finish("error", f"the trial's folder {self.folder} was removed while "
+                         f"{self.name} ran: its steps cannot be read", give_up=True)
+            return True
+        return False
 
     def action(self, pid: int) -> bool:
         """Whether the trial should be ended now: given up on, or the script is still running
@@ -210,6 +197,9 @@ class StepDriver:
         while self.warm_ended_by is None and len(self.warm) + 2 <= steps:
             step = len(self.warm) + 2
             seconds, _ = self._duration(step - 1, step)
+            if seconds < MIN_STEP_S:
+                self._finish("error", self._too_short(step - 1, step, seconds), give_up=True)
+                return
             self.warm.append(seconds)
             self._emit("warmup_step", seconds=seconds)
             elapsed = self._ends(step) - self._ends(1)
@@ -233,8 +223,9 @@ class StepDriver:
             if b > steps:
                 return
             seconds, slowest = self._duration(a, b)
-            if seconds <= 0:
-                seconds = 1e-9
+            if seconds < MIN_STEP_S * self.per_window:
+                self._finish("error", self._too_short(a, b, seconds), give_up=True)
+                return
             rank = self.ranks[slowest]
             samples = sum(sum(r.samples[a:b]) for r in self.ranks)
             window: dict[str, Any] = {"steps": self.per_window, "seconds": seconds,
@@ -252,6 +243,13 @@ class StepDriver:
             if (len(rates) >= s.min_windows and median_and_cv(rates)[1] <= s.target_cv) or \
                     len(rates) >= s.max_windows or elapsed + seconds > s.max_seconds:
                 self._finish("ok", None)
+
+    def _too_short(self, a: int, b: int, seconds: float) -> str:
+        """Why steps ``a + 1`` to ``b``, ``seconds`` long on the slowest rank, are not a
+        measurement (end times that do not advance once gave a rate of 4e11 samples/s)."""
+        return (f"{self.name}: steps {a + 1} to {b} took {seconds:.3g}s on the slowest rank "
+                f"({seconds / (b - a) * 1e6:.3g} us per step), shorter than reporting a step "
+                f"takes ({MIN_STEP_S * 1e6:g} us): these end times were not measured")
 
     def _check_progress(self) -> None:
         """No step from some rank by ``no_progress_s`` after the start: the script does not
@@ -303,6 +301,21 @@ class StepDriver:
 
     # -- the result -----------------------------------------------------------------------------
 
+    def _overcounted(self) -> str | None:
+        """The first step that counts more samples than the config's batch per rank (its
+        micro-batch x accumulation): no step can train more, so its count is not real. A
+        smaller count is a partial batch (an epoch's last). None when every step fits."""
+        if not self.expected_samples:
+            return None
+        for r in self.ranks:
+            for k, n in enumerate(r.samples):
+                if n > self.expected_samples:
+                    return (f"{self.name}: step {k + 1} of rank {r.index} counts {n} samples, "
+                            f"more than the config's {self.expected_samples} per rank and step "
+                            "(micro-batch x accumulation) can hold: autotune.step(samples) "
+                            "counts this rank's samples of one optimizer step")
+        return None
+
     def _overridden(self) -> str | None:
         """Why the measured steps are not of the trial's config: their samples per step and
         rank (the median over the windows, as the script counted them) differ from the
@@ -322,9 +335,12 @@ class StepDriver:
                 "(autotune.step(samples) counts this rank's samples only)")
 
     def _finish(self, status: str, reason: str | None, give_up: bool = False) -> None:
+        # A script that trains another batch throughout (its own fixed one) is told how to
+        # tune it; a count no batch of the config holds, here and there, is a bad report.
         overridden = self._overridden() if status == "ok" else None
-        if overridden is not None:
-            status, reason, give_up = "error", overridden, True
+        overcounted = self._overcounted() if status == "ok" and overridden is None else None
+        if overridden is not None or overcounted is not None:
+            status, reason, give_up = "error", overridden or overcounted, True
         steps = [len(r.ends) for r in self.ranks]
         doc: dict[str, Any] = {
             "schema": RESULT_SCHEMA, "status": status, "reason": reason,
@@ -347,9 +363,10 @@ class StepDriver:
                 w["steps"] for w in self.windows)
         if self.world > 1:
             doc["ranks"] = [self._rank_summary(i) for i in range(self.world)]
-        if status == "timeout" and self.warm:
+        if status == "timeout" and self.warm and self.warm[-1] >= MIN_STEP_S:
             per_step = sum(r.samples[-1] for r in self.ranks if r.samples)
-            doc["first_step_samples_per_sec"] = per_step / max(self.warm[-1], 1e-9)
+            doc["first_step_samples_per_sec"] = per_step / self.warm[-1]
+        self.result = doc
         _write_json(self.result_path, doc)
         self.done, self.give_up = True, give_up
         if status == "ok":
@@ -395,18 +412,22 @@ class StepDriver:
         self.stop_deadline = time.monotonic() + self.stop_deadline_s
 
     def _note(self, text: str) -> None:
-        """Add a note to a written result (an ok result keeps it as its reason)."""
-        with contextlib.suppress(OSError, ValueError):
-            doc = json.loads(Path(self.result_path).read_text())
-            doc["note"] = text
-            _write_json(self.result_path, doc)
+        """Add a note to the result (an ok result keeps it as its reason)."""
+        if self.result is not None:
+            self.result["note"] = text
+            _write_json(self.result_path, self.result)
 
     def _emit(self, event: str, **data: Any) -> None:
-        with open(self.progress_path, "a") as f:
+        # The script may have removed its folder: the trial ends on that (``_untrusted``),
+        # never the tuner.
+        with contextlib.suppress(OSError), open(self.progress_path, "a") as f:
             f.write(json.dumps({"event": event, "t": time.time(), **data}) + "\n")
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
+    """Write atomically (nobody reads half a document); the copy on disk is for the record,
+    the driver's own is what counts, so a folder the script removed loses nothing."""
     tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)  # atomic: nobody reads half a document
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)

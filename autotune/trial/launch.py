@@ -31,6 +31,7 @@ from autotune.trial.driver import StepDriver
 from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
+from autotune.trial.output import CappedLog
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
 from autotune.trial.spec import TrialSpec
 
@@ -93,6 +94,7 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
     # The trial applies the address-space limit and its tie to the tuner itself, first thing
     # in trial.bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
     config, device = spec.config, spec.device
+    workdir = Path(os.path.abspath(workdir))  # a trial that changes directory still finds it
     env = {
         # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
         **env_for(config),
@@ -142,11 +144,14 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
 
 def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s: float,
                  profile: str, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
-    """A trial that runs the user's command unchanged (its own launcher starts its ranks), with
+    """A trial that runs the user's command as typed (its own launcher starts its ranks), with
     ``profile`` (a profile's YAML: the candidate config) written as ``workdir/profile.yaml`` for
     it to load, and ``workdir`` the step protocol's folder. The spec is written beside it for
     the record; the command does not read it."""
     config = spec.config
+    # Absolute: a script that changes directory (os.chdir before loading its profile, or after)
+    # still finds its profile, its step files and the stop request.
+    workdir = Path(os.path.abspath(workdir))
     env = {**env_for(config), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            **command_env(workdir, workdir / "profile.yaml", config.samples_per_rank_step),
            **dict(extra_env or {})}
@@ -242,37 +247,33 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     watch = _Watch()
     if monitor is not None:
         monitor.start()
-    # Read back through this handle, not the path: the trial's folder may be deleted under it.
-    with open(p.stderr_path, "w+b") as err:
-        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                start_new_session=True)
-        # On GPUs the trial reports its device memory; the host's is not what the limit is about.
-        memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
-        tree = Tree(proc.pid)
-        driver = _driver(p)
-        try:
-            _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree, driver)
-            if driver is not None and watch.timed_out and driver.stopping:
-                # Measured, and stopping when the trial timeout came: the result stands.
-                watch.timed_out = False
-                driver.note_timeout(p.timeout_s)
-            if driver is not None and not (watch.timed_out or watch.stopped
-                                           or watch.killed_for_memory):
-                driver.at_exit(proc.returncode)
-        except KeyboardInterrupt:
-            watch.interrupted = True
-        finally:
-            tree.look()  # before the kill: parent links are lost once the leader dies
-            kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
-            # Reap before wait(): until then the leader's pid (the group id) cannot be reused
-            # by an unrelated process that the group match would then kill.
-            survivors = reap(p.env.get(TRIAL_TOKEN), proc.pid)
-            # What left the group and dropped the token (setsid, a cleared environment).
-            tree.kill()
-            proc.wait()
-            samples = monitor.stop() if monitor is not None else []
-            err.seek(0)
-            data = err.read()
+    proc, output = _start(p, env)
+    # On GPUs the trial reports its device memory; the host's is not what the limit is about.
+    memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
+    tree = Tree(proc.pid)
+    driver = _driver(p)
+    try:
+        _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree, driver)
+        if driver is not None and watch.timed_out and driver.stopping:
+            # Measured, and stopping when the trial timeout came: the result stands.
+            watch.timed_out = False
+            driver.note_timeout(p.timeout_s)
+        if driver is not None and not (watch.timed_out or watch.stopped
+                                       or watch.killed_for_memory):
+            driver.at_exit(proc.returncode)
+    except KeyboardInterrupt:
+        watch.interrupted = True
+    finally:
+        tree.look()  # before the kill: parent links are lost once the leader dies
+        kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
+        # Reap before wait(): until then the leader's pid (the group id) cannot be reused
+        # by an unrelated process that the group match would then kill.
+        survivors = reap(p.env.get(TRIAL_TOKEN), proc.pid)
+        # What left the group and dropped the token (setsid, a cleared environment).
+        tree.kill()
+        proc.wait()
+        samples = monitor.stop() if monitor is not None else []
+        data = output.close()
     if on_event is not None:
         _forward_events(p.progress_path, watch.seen, on_event)
     folder = Path(p.spec_path).parent
@@ -284,7 +285,9 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         data += (f"\nautotune: processes {survivors} of this trial survived SIGKILL\n").encode()
     cut = watch.timed_out or watch.stopped
     return RawResult(
-        returncode=proc.returncode, timed_out=watch.timed_out, result=_result(p),
+        returncode=proc.returncode, timed_out=watch.timed_out,
+        # A script's result is the driver's, never a file in the folder the script can write.
+        result=_result(p) if driver is None else driver.result,
         stderr_tail=data[-STDERR_TAIL_BYTES:].decode(errors="replace"),
         wall_s=time.monotonic() - start, tree_peak_bytes=memory.peak if memory else 0,
         killed_for_memory=watch.killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
@@ -293,6 +296,22 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         gpu=monitor.summary(measured_span(_read_events(p.progress_path)))
         if monitor is not None and samples else {},
     )
+
+
+def _start(p: TrialPlan, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], CappedLog]:
+    """The trial's process, in a session of its own, its output (stdout and stderr together)
+    going to its log through a ``CappedLog``: kept in memory as well as in the file (the trial's
+    folder may be deleted under it), and within a size."""
+    output = CappedLog(p.stderr_path)
+    try:
+        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=output.fd,
+                                stderr=output.fd, start_new_session=True)
+    except BaseException:
+        output.started()
+        output.close()
+        raise
+    output.started()  # the trial holds the write end now
+    return proc, output
 
 
 def _driver(p: TrialPlan) -> StepDriver | None:

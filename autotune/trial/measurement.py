@@ -180,10 +180,12 @@ def check_result(doc: Any) -> list[str]:
         else:
             for i, w in enumerate(windows):
                 if not isinstance(w, dict) or not all(
-                    isinstance(v, int | float) and v > 0
+                    isinstance(v, int | float) and not isinstance(v, bool)
+                    and math.isfinite(v) and v > 0
                     for v in (w.get("samples"), w.get("seconds"))
                 ):
-                    problems.append(f"window {i} needs positive 'samples' and 'seconds'")
+                    problems.append(f"window {i} needs finite, positive 'samples' and "
+                                    "'seconds'")
     if not isinstance(doc.get("peak_memory_bytes", 0), int):
         problems.append("peak_memory_bytes must be an integer")
     return problems

@@ -23,6 +23,10 @@ INPUT_BOUND = 0.15  # data wait share of the timed wall time
 COMM_BOUND = 0.15  # exposed all-reduce share of the timed wall time
 MEMORY_BOUND = 0.85  # peak memory share of the limit
 LOW_MFU = 0.30  # share of the measured peak
+# A rate this many times the measured peak is not a measurement: the probe's peak is the best a
+# matmul reached, and a probe taken under load reads low (it is then not cached), so the margin
+# is wide; beyond it, the FLOPs per sample or the rate are wrong.
+BEYOND_PEAK = 1.5
 KINDS = ("input-bound", "communication-bound", "memory-bound", "degraded-link", "slow-device",
          "low-mfu", "compute-bound", "unexplained")
 
@@ -64,10 +68,19 @@ def mfu(samples_per_sec: float | None, flops_per_sample: float | None,
 
 def with_efficiency(m: Measurement, config: Config, device: str,
                     probe: dict[str, Any] | None) -> Measurement:
-    """The measurement with its MFU and the peak it was taken against (when both are known)."""
+    """The measurement with its MFU and the peak it was taken against (when both are known).
+    A rate the machine cannot reach (``BEYOND_PEAK`` times its measured peak at the workload's
+    FLOPs per sample) is an error with the reason, never a result."""
     peak = peak_for(probe, config.amp, device)
     share = mfu(m.samples_per_sec, m.flops_per_sample, peak, config.world_size, device)
-    return replace(m, mfu=None if share is None else round(share, 4), peak_tflops=peak)
+    m = replace(m, mfu=None if share is None else round(share, 4), peak_tflops=peak)
+    if m.ok and share is not None and share > BEYOND_PEAK:
+        return replace(m, status="error", reason=(
+            f"{m.samples_per_sec:,.4g} samples/s at {m.flops_per_sample:.3g} FLOPs per sample "
+            f"is {m.tflops:.3g} TFLOP/s, {share:.1f}x the measured {_dtype(config)} peak of "
+            f"{peak:g} TFLOP/s per device: beyond what this machine can do, so the rate or the "
+            "workload's FLOPs per sample is wrong; not a measurement"))
+    return m
 
 
 def _dtype(config: Config) -> str:

@@ -1,0 +1,144 @@
+"""Reading what a script's trial reports: each rank's step file (``autotune.steps`` writes it),
+tailed line by line and checked as untrusted input. A line that is not autotune's, a step out of
+order, an end time that is not finite, goes back, precedes the trial or lies in the future, or a
+count that is not a whole number stops the reading of that rank with the reason (``bad``); the
+driver ends the trial on it, naming the step. A loss the script reported as not finite is kept
+as ``diverged``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The shortest optimizer step a report may claim: reporting one step (``autotune.step()``)
+# costs ~3 us (benchmarks/step_cost.py), so end times closer than this were not measured.
+MIN_STEP_S = 20e-6
+# How far past the tuner's clock a step's end may lie (both read the same machine's clock).
+FUTURE_SLACK_S = 2.0
+# The profile method names a script's access lines may carry (``Profile`` methods).
+_ACCESS_NAME = re.compile(r"[a-z_]{1,40}")
+
+
+class BadReport(Exception):
+    """A line of a step file that cannot be trusted: malformed, non-finite, out of order, or
+    in the future."""
+
+
+def _number(e: dict[str, Any], key: str) -> float | None:
+    """``e[key]`` as a finite float; None when it is not one (bools are not numbers)."""
+    value = e.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def check_step(e: dict[str, Any], *, rank: int, step: int, last_end: float | None,
+               since: float, now: float) -> str | None:
+    """Why a step line of ``rank`` cannot be its step ``step`` (None when it can): the tuner
+    reads what a script wrote, so everything is checked (pure; ``now`` and ``since`` are the
+    wall clock now and when the trial started)."""
+    s = e.get("s")
+    if isinstance(s, bool) or not isinstance(s, int) or s != step:
+        return f"rank {rank} reported step {s!r} where step {step} was due"
+    t, where = _number(e, "t"), f"step {step} of rank {rank}"
+    if t is None:
+        return f"{where} has end time {e.get('t')!r}, not a finite number"
+    if t < since:
+        return f"{where} ended at {t:.3f}, before the trial started ({since:.3f})"
+    if t > now + FUTURE_SLACK_S:
+        return f"{where} ended at {t:.3f}, {t - now:.0f}s in the future"
+    if last_end is not None and t < last_end:
+        return (f"{where} ended at {t:.6f}, before step {step - 1} did ({last_end:.6f}): end "
+                "times must not go back")
+    n = e.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return f"{where} counts {n!r} samples, not a whole number >= 0"
+    if "d" in e and (_number(e, "d") is None or e["d"] < 0):
+        return f"{where} waited {e['d']!r} s for data, not a finite number >= 0"
+    m = e.get("m", 0)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        return f"{where} reports peak memory {m!r}, not a whole number of bytes"
+    return None
+
+
+@dataclass
+class RankReports:
+    """What one rank reported so far."""
+
+    path: Path
+    index: int = 0
+    offset: int = 0
+    partial: bytes = b""
+    ends: list[float] = field(default_factory=list)  # ends[i]: wall time step i + 1 ended
+    samples: list[int] = field(default_factory=list)
+    waits: list[float | None] = field(default_factory=list)
+    peak: int = 0
+    accessed: list[str] = field(default_factory=list)
+    default_samples: bool = False
+    bad: str | None = None  # the first report that cannot be trusted; nothing after it is read
+    diverged: str | None = None  # the step whose loss the script reported as not finite
+    lines: int = 0
+
+    def read(self, since: float) -> None:
+        """New whole lines since the last read (tailed by offset: a long run has many)."""
+        if self.bad is not None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        now = time.time()
+        for line in lines:
+            self.lines += 1
+            try:
+                self._take(line, since, now)
+            except BadReport as exc:
+                self.bad = f"{exc} ({self.path.name}, line {self.lines})"
+                return
+
+    def _take(self, line: bytes, since: float, now: float) -> None:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            raise BadReport(f"rank {self.index} wrote a line that is not JSON: "
+                            f"{line[:80]!r}") from None
+        if not isinstance(e, dict):
+            raise BadReport(f"rank {self.index} wrote {str(e)[:80]!r}, not a step report")
+        if "s" in e:
+            why = check_step(e, rank=self.index, step=len(self.ends) + 1,
+                             last_end=self.ends[-1] if self.ends else None, since=since,
+                             now=now)
+            if why:
+                raise BadReport(why)
+            self.ends.append(float(e["t"]))
+            self.samples.append(int(e["n"]))
+            self.waits.append(float(e["d"]) if "d" in e else None)
+            self.peak = max(self.peak, int(e.get("m", 0)))
+            self.default_samples = self.default_samples or e.get("default") == 1
+            if e.get("nan") == 1 and self.diverged is None:
+                self.diverged = f"step {len(self.ends)} of rank {self.index}"
+        elif "nan" in e:  # autotune.diverged(): after the steps reported so far
+            at = e["nan"]
+            if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+                raise BadReport(f"rank {self.index} reported a diverged loss at step {at!r}")
+            if self.diverged is None:
+                self.diverged = f"step {max(at, 1)} of rank {self.index}"
+        elif "a" in e:
+            name = e["a"]
+            if not isinstance(name, str) or not _ACCESS_NAME.fullmatch(name):
+                raise BadReport(f"rank {self.index} reported a profile method {name!r}")
+            if name not in self.accessed:
+                self.accessed.append(name)
+        elif "start" not in e:
+            raise BadReport(f"rank {self.index} wrote {str(e)[:80]!r}, not a step report")

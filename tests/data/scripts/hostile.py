@@ -1,0 +1,90 @@
+"""A training script that reports what no honest one would, for the tests of what the tuner
+reads from a trial (all of it untrusted): no torch, so it starts in a fraction of a second.
+
+    python hostile.py --behave KIND [--only-batch N]
+
+Each step sleeps 10 ms (the "training"); the script reports the config's batch
+(micro-batch x accumulation) unless KIND says otherwise. With --only-batch N it misbehaves only
+when the candidate's micro-batch is not N, so that a study's baseline measures and the next
+trials misbehave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import autotune
+
+
+def raw(folder: str, doc: dict[str, object]) -> None:
+    """A line written into the step file without autotune.step(): what a hostile or broken
+    script could put there."""
+    with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
+        f.write(json.dumps(doc) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--behave", default="ok")
+    parser.add_argument("--only-batch", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=100_000)
+    args = parser.parse_args()
+    behave = args.behave
+    if behave == "chdir-before":
+        os.chdir(tempfile.mkdtemp())
+    if behave == "bad-rank":
+        os.environ["RANK"] = "abc"
+    if behave == "bad-samples-env":
+        os.environ["AUTOTUNE_SAMPLES_PER_STEP"] = "abc"
+    profile = autotune.load_profile()
+    if args.only_batch and profile.micro_batch_size == args.only_batch:
+        behave = "ok"
+    if behave == "chdir-after":
+        os.chdir(tempfile.mkdtemp())
+    if behave == "loud":
+        line = "x" * 1023 + "\n"
+        for _ in range(50 * 1024):  # 50 MiB on stdout
+            sys.stdout.write(line)
+        sys.stdout.flush()
+    batch = profile.micro_batch_size * profile.accumulation_steps
+    folder = os.environ.get("AUTOTUNE_TRIAL_DIR", "")
+    frozen = 0.0
+    for step in range(1, args.steps + 1):
+        time.sleep(0.01)
+        if behave == "rmdir-self" and step == 4:
+            shutil.rmtree(folder)
+        if behave == "nan-time" and step == 5:
+            raw(folder, {"s": step, "t": math.nan, "n": batch})
+            time.sleep(60)
+        elif behave == "frozen-time" and step >= 2:
+            # Every step "ends" at the same instant: a rate with a zero in the denominator.
+            raw(folder, {"s": step, "t": frozen, "n": batch})
+        elif behave == "spike":
+            autotune.step(10**9 if step % 10 == 0 else batch)
+        elif behave == "default-then-big":
+            autotune.step() if step == 1 else autotune.step(10**9)
+        elif behave == "nan-wait" and step == 3:
+            autotune.step(batch, data_s=math.nan)
+        elif behave == "nan-loss":
+            autotune.step(batch, loss=math.nan if step >= 5 else 0.5)
+        elif behave == "not-json" and step == 5:
+            raw(folder, {"s": step, "t": time.time(), "n": batch})
+            with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
+                f.write("{not json\n")
+        else:
+            autotune.step(batch)
+        if step == 1:
+            frozen = time.time()
+        if autotune.should_stop():
+            break
+
+
+if __name__ == "__main__":
+    main()
