@@ -105,6 +105,26 @@ def _tuned_dir(config: pytest.Config) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tuned-mlp"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Probe this machine once for the whole session (and the serial pass after it, which shares
+    the cache folder), before any test runs, and cache it even if something else held the cores
+    meanwhile. A probe taken under load is never cached by autotune itself, and with tests two
+    at a time most probes would be: every study would then probe again (20 s each). What the
+    tests check does not depend on the peaks' values; the contention rule has tests of its own
+    with caches of their own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller probes before it starts the workers
+    from autotune.machine.hardware import detect
+    from autotune.machine.probe import _measure, cached
+    from autotune.machine.probe.cache import save
+    from autotune.machine.probe.inventory import inventory
+
+    hw = detect()
+    if cached(hw) is None:
+        gpus = inventory()["gpus"] if hw.device == "cuda" else []
+        save(hw, _measure(hw, gpus, None, lambda line: None, allreduce=False))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start tuning the shared study in the background as soon as a selected test needs it, so
     no test waits the whole study out; the first process of the run to get here starts it."""

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from autotune.errors import UsageError
 from autotune.machine import probe as probe_mod
+from autotune.machine.hardware import detect
 from autotune.machine.probe import kernels, peaks
+from autotune.machine.probe.cache import MAX_AGE_ENV, cache_path
 from autotune.machine.probe.inventory import inventory
+from autotune.testing.hardware import fake_cpu
 from autotune.testing.nvml import FAKE_NVML_ENV, FakeNVML
 from tests.conftest import autotune
 
@@ -40,7 +48,8 @@ def test_cpu_probe_measures_for_real_and_caches(workdir: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["schema"] == "autotune.probe/v1" and doc["errors"] == []
-    assert set(doc["cpu"]) >= {"model", "cores", "numa_nodes", "memory_total_bytes", "bf16"}
+    assert set(doc["cpu"]) >= {"model", "cores", "numa_nodes", "memory_total_bytes", "bf16",
+                               "vendor", "family", "model_number", "stepping", "isa_flags"}
     figs = doc["figures"]
     assert set(figs) >= {"cpu.gemm.fp32", "cpu.gemm.bf16", "cpu.memory_bandwidth"}
     for name in ("cpu.gemm.fp32", "cpu.gemm.bf16", "cpu.memory_bandwidth"):
@@ -57,8 +66,16 @@ def test_cpu_probe_measures_for_real_and_caches(workdir: Path) -> None:
     if gemm["peak"]:
         assert 0.01 < gemm["share"] < 5, gemm
     assert 0.1 < figs["cpu.memory_bandwidth"]["value"] < 10_000
-    # Cached per fingerprint: the human view reads it back without measuring.
+    for name in ("cpu.gemm.fp32", "cpu.gemm.bf16"):
+        assert 0 < figs[name]["cpu_share"] <= 1.2, figs[name]  # what the load check read
+    # Cached per fingerprint: the human view reads it back without measuring. Unless another
+    # test beside this one held the cores while it measured: then it is marked and not cached
+    # (the rule itself: test_contention_is_*).
     cache = Path(os.environ["AUTOTUNE_CACHE_DIR"]) / f"probe-{doc['fingerprint_id']}.json"
+    if doc["contended"]:
+        assert not cache.exists() or json.loads(cache.read_text())["created"] != doc["created"]
+        assert any(n.startswith("probe taken under load (") for n in doc["notes"])
+        return
     assert json.loads(cache.read_text())["figures"].keys() == figs.keys()
     again = autotune("probe", cwd=workdir)
     assert again.returncode == 0, again.stderr
@@ -200,3 +217,128 @@ def test_allreduce_ranks_agree_on_their_calls(tmp_path: Path) -> None:
     for fig in figs.values():
         assert fig["ranks"] == 2 and fig["value"] > 0
         assert fig["value"] == pytest.approx(fig["algbw"] * 2 * (2 - 1) / 2, rel=0.01)
+
+
+def test_contention_is_starved_threads_with_no_core_idle() -> None:
+    """The load rule on numbers (CPU seconds, wall seconds, threads, idle and others' cores)
+    read on the 2-core VM: no timing here, so nothing to flake."""
+    load, contended = kernels.Load, kernels.contended
+    alone = {"fp32 GEMM": load(9.8, 5.0, 2, 0.02, 0.02),
+             # AMX bf16 GEMMs of 512^2 and 1024^2 keep one thread of two busy: a core idles.
+             "bf16 GEMM": load(6.3, 5.0, 2, 0.7, 0.04)}
+    assert contended(alone) is None
+    assert alone["fp32 GEMM"].share == pytest.approx(0.98)
+    # The incident: beside one busy process a 2-thread GEMM got one core, none idle, and
+    # measured 0.078 TFLOP/s against 0.171 alone.
+    assert contended({"fp32 GEMM": load(5.0, 5.0, 2, 0.0, 1.0)}) == (
+        "fp32 GEMM got 50% of its 2 thread(s)' CPU time, no core idle, other processes took "
+        "1.0 cores")
+    # One thread (tests two at a time run OMP_NUM_THREADS=1) beside another test's busy core:
+    # it got its core; the machine is full, not contended for it.
+    assert contended({"fp32 GEMM": load(4.9, 5.0, 1, 0.0, 1.0)}) is None
+    # Starved, but a core stood idle: the library used fewer threads, nothing took them.
+    assert contended({"bf16 GEMM": load(2.5, 5.0, 2, 1.0, 0.0)}) is None
+    # Each starved block is named; a quiet one is not.
+    both = contended({**alone, "bf16 GEMM": load(3.0, 5.0, 2, 0.1, 1.2)})
+    assert both is not None and both.startswith("bf16 GEMM got 30% ") and "fp32" not in both
+    assert load(1.0, 0.0, 2, 0.0, 0.0).share == 1.0  # nothing timed: nothing to say
+
+
+def _stub_measure(monkeypatch: pytest.MonkeyPatch, contended: str | None = None,
+                  fp32: float = 0.171) -> list[str]:
+    """``probe``'s measurement replaced by one that returns at once; the calls it got."""
+    calls: list[str] = []
+
+    def measure(hw: Any, gpus: Any, workdir: Any, say: Any, allreduce: bool) -> dict[str, Any]:
+        calls.append(hw.fingerprint_id())
+        return {"schema": probe_mod.PROBE_SCHEMA, "fingerprint_id": hw.fingerprint_id(),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"), "seconds": 9.0,
+                "figures": {"cpu.gemm.fp32": kernels._figure(fp32, "TFLOP/s", size=2048)},
+                "errors": [], "pcie_under_load": {}, "contended": contended}
+
+    monkeypatch.setattr(probe_mod, "_measure", measure)
+    return calls
+
+
+def test_a_contended_probe_is_used_marked_and_not_cached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    hw, why = fake_cpu(), "fp32 GEMM got 46% of its 2 thread(s)' CPU time, no core idle"
+    calls = _stub_measure(monkeypatch, contended=why, fp32=0.078)
+    lines: list[str] = []
+    doc = probe_mod.probe(hw, on_step=lines.append)
+    assert doc["contended"] == why and not cache_path(hw).exists()
+    line = probe_mod.contended_line(doc)
+    assert line.startswith(f"probe taken under load ({why}): not cached; numbers may be low")
+    assert lines == ["measured under load: not cached (the note says why)"]
+    assert f"note    {line}" in probe_mod.render(doc)
+    # This run still uses it, marked: the study's summary and the profile carry why.
+    found = probe_mod.summary(doc, "cpu")
+    assert found["peak_tflops"] == {"fp32": 0.078} and found["contended"] == why
+    # The next probe measures again; a quiet one is cached, and a contended --refresh then
+    # leaves it in place.
+    _stub_measure(monkeypatch)
+    assert probe_mod.probe(hw)["contended"] is None and len(calls) == 1
+    kept = cache_path(hw).read_text()
+    assert "contended" not in probe_mod.summary(probe_mod.probe(hw), "cpu")
+    _stub_measure(monkeypatch, contended=why)
+    assert probe_mod.probe(hw, refresh=True)["contended"] == why
+    assert cache_path(hw).read_text() == kept
+
+
+def test_a_cached_probe_older_than_the_limit_is_measured_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    hw = fake_cpu()
+    old = (datetime.now(UTC) - timedelta(days=40)).isoformat(timespec="seconds")
+    cache_path(hw).write_text(json.dumps({
+        "schema": probe_mod.PROBE_SCHEMA, "created": old, "fingerprint_id": hw.fingerprint_id(),
+        "figures": {"cpu.gemm.fp32": kernels._figure(0.078, "TFLOP/s")}, "errors": []}))
+    calls = _stub_measure(monkeypatch)
+    assert probe_mod.cached(hw) is None and probe_mod.stale_cache(hw) == \
+        "it is 40 days old, more than 30 (AUTOTUNE_PROBE_MAX_AGE_DAYS)"
+    lines: list[str] = []
+    doc = probe_mod.probe(hw, on_step=lines.append)
+    assert len(calls) == 1 and doc["created"] != old and probe_mod.stale_cache(hw) is None
+    assert lines == ["the cached probe is not used: it is 40 days old, more than 30 "
+                     "(AUTOTUNE_PROBE_MAX_AGE_DAYS); measuring again"]
+    assert doc["figures"]["cpu.gemm.fp32"]["value"] == 0.171
+    assert json.loads(cache_path(hw).read_text())["created"] == doc["created"]
+    # The limit is the environment's where set: 60 days keeps a 40-day-old probe.
+    cache_path(hw).write_text(cache_path(hw).read_text().replace(doc["created"], old))
+    monkeypatch.setenv(MAX_AGE_ENV, "60")
+    assert probe_mod.probe(hw)["created"] == old and len(calls) == 1
+    monkeypatch.setenv(MAX_AGE_ENV, "a month")
+    with pytest.raises(UsageError, match=r"AUTOTUNE_PROBE_MAX_AGE_DAYS must be a number of "
+                                         r"days > 0, got 'a month'"):
+        probe_mod.cached(hw)
+
+
+@pytest.mark.slow  # the real CPU measurement, twice, under load: half a minute
+@pytest.mark.serial  # its busy loops hold every core: a test beside it would be starved
+def test_a_probe_under_real_load_is_marked_and_not_cached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real probe beside one busy loop per core and one more, each in a session of its
+    own: Linux's autogroups share the cores between sessions, and the probe measures in a
+    session of its own, so loops all in this test's session would leave it half the machine (a
+    whole core for a one-thread probe). Measured: its threads get 25-40% of their CPU time
+    with no core idle, far from the 75% and half a core of the rule."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    hw = replace(detect(), device="cpu", gpus=())  # the CPU part only, on a GPU machine too
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                start_new_session=True)
+               for _ in range(len(os.sched_getaffinity(0)) + 1)]
+    lines: list[str] = []
+    try:
+        doc = probe_mod.probe(hw, workdir=tmp_path, on_step=lines.append, allreduce=False)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert doc["errors"] == [], doc["errors"]
+    why = doc["contended"]
+    assert why and why.startswith("on both tries: ") and "no core idle" in why, why
+    assert not cache_path(hw).exists()
+    assert "measured under load: not cached (the note says why)" in lines
+    assert f"note    {probe_mod.contended_line(doc)}" in probe_mod.render(doc)
+    assert doc["figures"]["cpu.gemm.fp32"]["value"] > 0  # still measured, for this run

@@ -7,18 +7,27 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
 
+from autotune.config.knobs import Config
+from autotune.config.space import load_space, narrow
 from autotune.console import QuietReporter
-from autotune.profile import load_profile
+from autotune.errors import UsageError
+from autotune.machine.hardware import CPU_IDENTITY, Hardware
+from autotune.profile import FingerprintWarning, load_profile
+from autotune.testing.hardware import fake_cpu
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.results import measured, recorded
 from autotune.tuner.runner import Runner, RunOptions
+from autotune.tuner.study import Identity, open_study
+from autotune.workloads import WorkloadSpec
 from tests.conftest import FAST, ROOT, autotune
 
 DB = "sqlite:///study.db"
@@ -251,3 +260,67 @@ def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
     assert not any(t.state == TrialState.RUNNING for t in study.trials)
     assert len(recorded(study)) >= 2
     assert (workdir / "studies" / study.study_name / "profile.yaml").exists()
+
+
+ZEN4 = {"cpu_vendor": "AuthenticAMD", "cpu_family": 25, "cpu_model_number": 17,
+        "cpu_stepping": 1, "cpu_flags": ("avx2", "avx512_bf16", "avx512f", "fma")}
+
+
+def _identity(hw: Hardware) -> Identity:
+    baseline = Config(micro_batch_size=32)
+    return Identity("s", "mlp", WorkloadSpec("mlp", {}), narrow(load_space("default"), hw, 1,
+                    baseline), hw, baseline, 1, None)
+
+
+def _old_study(hw: Hardware, **stored: Any) -> optuna.storages.BaseStorage:
+    """A study as an autotune from before the CPU identity fields left it."""
+    storage = optuna.storages.InMemoryStorage()
+    open_study(storage, "memory", _identity(hw), seed=0, limit=2**30, limit_spec=None)
+    old = {k: v for k, v in hw.fingerprint().items() if k not in CPU_IDENTITY}
+    optuna.load_study(study_name="s", storage=storage).set_user_attr(
+        "fingerprint", {**old, **stored})
+    return storage
+
+
+def test_a_study_from_before_the_cpu_fields_resumes_with_one_warning() -> None:
+    """Everything it recorded matches: it resumes, says in one line what could not be
+    checked, and records this CPU, so a worker on another CPU is refused from then on."""
+    zen4 = replace(fake_cpu(), **ZEN4)
+    storage = _old_study(zen4)
+    notes: list[str] = []
+    study, _ = open_study(storage, "memory", _identity(zen4), seed=0, limit=2**30,
+                          limit_spec=None, note=notes.append)
+    (line,) = notes
+    assert line.startswith(
+        "study s was made by an earlier autotune whose fingerprint did not record the CPU's "
+        "vendor, family, model, stepping, ISA flags, so autotune cannot tell whether this "
+        "machine (CPU Fake CPU (family 25 model 17), 2 cores, bf16) is the CPU its 0 trial(s) "
+        "ran on; everything else it recorded matches, so it resumes")
+    assert line.endswith("pass another --study name to start a new study") and "\n" not in line
+    assert study.user_attrs["fingerprint"] == zen4.fingerprint()
+    assert study.user_attrs["cpu_identity_unverified"]["fields"] == list(CPU_IDENTITY)
+    # Said once: the study now records its CPU.
+    again: list[str] = []
+    open_study(storage, "memory", _identity(zen4), seed=0, limit=2**30, limit_spec=None,
+               note=again.append)
+    assert again == []
+    zen3 = replace(zen4, cpu_model_number=1, cpu_flags=("avx2", "fma"))
+    with pytest.raises(UsageError, match=r"^study s was measured on other hardware \(cpu_flags: "
+                                         r".*; cpu_model_number: 17 vs 1 here\)"):
+        open_study(storage, "memory", _identity(zen3), seed=0, limit=2**30, limit_spec=None)
+    # Without a note callback (a caller that has no reporter) the line is a warning.
+    with pytest.warns(FingerprintWarning, match="made by an earlier autotune"):
+        open_study(_old_study(zen4), "memory", _identity(zen4), seed=0, limit=2**30,
+                   limit_spec=None)
+
+
+def test_a_study_from_before_the_cpu_fields_that_differs_otherwise_is_refused() -> None:
+    zen4 = replace(fake_cpu(), **ZEN4)
+    with pytest.raises(UsageError) as refused:
+        open_study(_old_study(zen4, cpu_cores=4), "memory", _identity(zen4), seed=0,
+                   limit=2**30, limit_spec=None)
+    assert str(refused.value) == (
+        "study s was made by an earlier autotune whose fingerprint did not record the CPU's "
+        "vendor, family, model, stepping, ISA flags, and what it did record differs here "
+        "(cpu_cores: 4 vs 2 here); measurements are not comparable: pass another --study name "
+        "to start a new study")

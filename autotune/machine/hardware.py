@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import socket
 import sys
 from dataclasses import asdict, dataclass, field
@@ -56,6 +57,14 @@ class Hardware:
     notes: tuple[str, ...] = field(default=())
     cpp_compiler: str | None = None  # what torch.compile's CPU backend would build with
     flash_attn: bool = False  # the flash-attn package is installed
+    # What tells CPUs of one name apart (a VM calls every AMD CPU "AMD EPYC", Zen 3 to Zen 5,
+    # 2x apart in speed): /proc/cpuinfo's vendor, family, model and stepping, and the ISA flags
+    # the knobs depend on (isa_flags). None / () where unread, as the test doubles leave them.
+    cpu_vendor: str | None = None
+    cpu_family: int | None = None
+    cpu_model_number: int | None = None
+    cpu_stepping: int | None = None
+    cpu_flags: tuple[str, ...] = ()
 
     @property
     def supports_bf16(self) -> bool:
@@ -96,6 +105,11 @@ class Hardware:
             ],
             "gpu_count": len(self.gpus),
             "cpu_model": self.cpu_model,
+            "cpu_vendor": self.cpu_vendor,
+            "cpu_family": self.cpu_family,
+            "cpu_model_number": self.cpu_model_number,
+            "cpu_stepping": self.cpu_stepping,
+            "cpu_flags": list(self.cpu_flags),
             "cpu_cores": self.cpu_cores,
             "memory_total_gib": round(self.memory_total_bytes / 2**30),
             "driver_version": self.driver_version,
@@ -114,7 +128,8 @@ class Hardware:
             names = {g.name for g in self.gpus}
             return f"{len(self.gpus)} x {', '.join(sorted(names))} (CUDA {self.cuda_version})"
         bf16 = "bf16" if self.cpu_bf16 else "no native bf16"
-        return f"CPU {self.cpu_model}, {self.cpu_cores} cores, {bf16}"
+        return f"CPU {self.cpu_model}{_family_model(self.fingerprint())}, {self.cpu_cores} " \
+               f"cores, {bf16}"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -137,11 +152,45 @@ def _cpuinfo() -> dict[str, str]:
     return found
 
 
+# Native bf16 GEMMs: x86's avx512_bf16 or AMX, Arm's bf16 feature.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def _cpu_info() -> tuple[str, bool]:
     model = _cpuinfo().get("model name") or platform.processor() or platform.machine()
-    # x86: avx512_bf16 or AMX; Arm: the bf16 feature flag.
-    bf16 = bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
-    return model or "unknown", bf16
+    return model or "unknown", bool(cpu_flags() & BF16_FLAGS)
+
+
+# The ISA flags a knob's speed depends on: AVX2/FMA and AVX-512 (the fp32 GEMM width, the vector
+# ISA Inductor builds for), AMX, VNNI and the bf16 extensions (native bf16 autocast), and on Arm
+# bf16, SVE, i8mm, SME. The rest stay out: a hypervisor shows or hides many harmless flags, and
+# they would split one machine type into many.
+_ISA_FLAG = re.compile(r"avx2|fma|avx512.*|amx.*|avx_vnni.*|avx_ne_convert|"
+                       r"bf16|sve.*|i8mm|sme(\d.*|[bfi].*)?")  # not smep: x86's kernel guard
+
+
+def isa_flags(flags: set[str]) -> tuple[str, ...]:
+    """The flags of ``flags`` that decide speed (``_ISA_FLAG``), sorted."""
+    return tuple(sorted(f for f in flags if _ISA_FLAG.fullmatch(f)))
+
+
+def _number(text: str | None) -> int | None:
+    """A /proc/cpuinfo number: decimal on x86, ``0x..`` for Arm's implementer and part."""
+    try:
+        return int(text, 16) if text and text.startswith("0x") else int(text or "")
+    except ValueError:
+        return None
+
+
+def cpu_identity() -> dict[str, Any]:
+    """This CPU's vendor, family, model number, stepping (x86; on Arm the implementer,
+    architecture, part and revision) and ISA flags, as the fingerprint holds them."""
+    info = _cpuinfo()
+    return {"cpu_vendor": info.get("vendor_id") or info.get("CPU implementer"),
+            "cpu_family": _number(info.get("cpu family") or info.get("CPU architecture")),
+            "cpu_model_number": _number(info.get("model") or info.get("CPU part")),
+            "cpu_stepping": _number(info.get("stepping") or info.get("CPU revision")),
+            "cpu_flags": isa_flags(cpu_flags())}
 
 
 def cpu_flags() -> set[str]:
@@ -243,6 +292,7 @@ def detect() -> Hardware:
     """Read this machine without initialising CUDA (and without importing torch on a machine
     with no NVIDIA GPU)."""
     cpu_model, cpu_bf16 = _cpu_info()
+    identity = cpu_identity()
     mem = psutil.virtual_memory()
     notes: list[str] = []
     gpus, driver, why_not = _nvml_gpus()
@@ -277,6 +327,7 @@ def detect() -> Hardware:
         notes=tuple(notes),
         cpp_compiler=_cpp_compiler(),
         flash_attn=importlib.util.find_spec("flash_attn") is not None,
+        **identity,
     )
 
 
@@ -291,10 +342,57 @@ def _cpp_compiler() -> str | None:
 
 
 def describe_fingerprint(fp: dict[str, Any]) -> str:
-    """Where a study or profile was measured, in a few words, from its stored fingerprint."""
+    """Where a study or profile was measured, in a few words, from its stored fingerprint: on
+    a CPU with the family and model that tell one "AMD EPYC" from another, where recorded."""
     if fp.get("gpus"):
         return f"{fp.get('gpu_count')} x {fp['gpus'][0]['name']}"
-    return f"CPU {fp.get('cpu_model')}, {fp.get('cpu_cores')} cores"
+    flags = fp.get("cpu_flags")  # absent (an earlier autotune) or empty (unread): not said
+    bf16 = "" if not flags else ", bf16" if set(flags) & BF16_FLAGS else ", no native bf16"
+    return f"CPU {fp.get('cpu_model')}{_family_model(fp)}, {fp.get('cpu_cores')} cores{bf16}"
+
+
+def _family_model(fp: dict[str, Any]) -> str:
+    family, model = fp.get("cpu_family"), fp.get("cpu_model_number")
+    return f" (family {family} model {model})" if family is not None and model is not None \
+        else ""
+
+
+# What the fingerprint gained to tell CPUs apart: a study or profile stored by an earlier
+# autotune lacks these fields, and so cannot say whether this machine has its CPU.
+CPU_IDENTITY = ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_flags")
+CPU_IDENTITY_WORDS = {"cpu_vendor": "vendor", "cpu_family": "family",
+                      "cpu_model_number": "model", "cpu_stepping": "stepping",
+                      "cpu_flags": "ISA flags"}
+
+
+@dataclass(frozen=True)
+class FingerprintMatch:
+    """A stored fingerprint against this machine's."""
+
+    differs: list[str]  # ``field: A vs B here``, for each field that differs
+    unverified: list[str]  # CPU_IDENTITY fields this machine has and the stored one predates
+
+    @property
+    def same(self) -> bool:
+        """Every field both record matches, and the stored one lacks nothing else."""
+        return not self.differs
+
+    def unverified_words(self) -> str:
+        """What could not be checked, in words: ``family, model, ISA flags``."""
+        return ", ".join(CPU_IDENTITY_WORDS[k] for k in self.unverified)
+
+
+def compare_fingerprints(stored: dict[str, Any], here: dict[str, Any]) -> FingerprintMatch:
+    """Fields present in both must match; a field in one only differs, except the CPU's
+    identity fields missing from ``stored`` (recorded by an earlier autotune): those are
+    ``unverified``, and the caller decides (a study resumes with a warning when nothing
+    differs, docs/probe.md)."""
+    unverified = [k for k in CPU_IDENTITY if k in here and k not in stored]
+    keys = sorted((set(stored) | set(here)) - set(unverified))
+    return FingerprintMatch(
+        differs=[f"{k}: {stored.get(k)!r} vs {here.get(k)!r} here" for k in keys
+                 if stored.get(k) != here.get(k)],
+        unverified=unverified)
 
 
 def process_identity() -> dict[str, Any]:

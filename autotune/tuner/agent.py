@@ -22,8 +22,7 @@ import optuna
 
 from autotune.config.knobs import TUNED_ENV
 from autotune.errors import UsageError
-from autotune.machine.hardware import detect, hostname, process_identity
-from autotune.profile import fingerprint_diff
+from autotune.machine.hardware import compare_fingerprints, detect, hostname, process_identity
 from autotune.trial import launch
 from autotune.trial.merge import node_failure
 from autotune.tuner.fleet import NODE_REPORT, NODE_TRIAL, DeviceLock, trial_devices
@@ -48,11 +47,17 @@ def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str],
         raise UsageError(f"study {study_name} has no hardware fingerprint, so `autotune run` did "
                          "not create it: the agent serves only studies its tuner made")
     hw = detect()
-    diff = fingerprint_diff(stored, hw.fingerprint())
-    if diff:
+    match = compare_fingerprints(stored, hw.fingerprint())
+    if match.differs:
         raise UsageError(f"study {study_name} was measured on other hardware "
-                         f"({'; '.join(diff)}); measurements are not comparable: run the agent "
-                         "on a machine like the study's")
+                         f"({'; '.join(match.differs)}); measurements are not comparable: run "
+                         "the agent on a machine like the study's")
+    if match.unverified:
+        raise UsageError(f"study {study_name} was made by an earlier autotune whose fingerprint "
+                         f"did not record the CPU's {match.unverified_words()}, so the agent "
+                         "cannot tell whether this machine has the study's CPU: start its tuner "
+                         f"(autotune run --study {study_name} ...) first, which records its CPU "
+                         "on the study, then the agent")
     say(f"agent on {hostname()} serving study {study_name} in {redact(storage_url)}")
     joined: set[str] = set()
     while True:

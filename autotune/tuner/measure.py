@@ -134,11 +134,13 @@ class Measurer:
         probe now (seconds on a CPU; it counts against --timeout), under the device lock
         (another worker's trial would halve the peaks, and the reverse). A failed probe costs
         the run nothing but its MFU figures."""
-        from autotune.machine.probe import cached, probe, summary
+        from autotune.machine.probe import cached, contended_line, probe, stale_cache, summary
 
         if cached(self.hw) is None:
-            note("probing this machine once (peaks for MFU; cached per fingerprint; "
-                 "`autotune probe` shows it)")
+            stale = stale_cache(self.hw)
+            note("probing this machine "
+                 + (f"again: the cached probe is not used, {stale}" if stale else "once")
+                 + " (peaks for MFU; cached per fingerprint; `autotune probe` shows it)")
         try:
             with self.devices():
                 doc = probe(self.hw, workdir=workdir)
@@ -149,4 +151,6 @@ class Measurer:
         peaks = ", ".join(f"{k} {v:g}" for k, v in found["peak_tflops"].items())
         note(f"probe ({doc.get('created')}): peak TFLOP/s {peaks or 'unknown'}"
              + "".join(f"; {f}" for f in found["flags"]))
+        if doc.get("contended"):
+            note(contended_line(doc))
         self.study.set_user_attr("probe", found)

@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,8 +19,13 @@ import optuna
 from autotune.config.knobs import Config
 from autotune.config.space import NarrowedSpace
 from autotune.errors import StorageError, UsageError
-from autotune.machine.hardware import Hardware
-from autotune.profile import fingerprint_diff
+from autotune.machine.hardware import (
+    Hardware,
+    compare_fingerprints,
+    describe_fingerprint,
+    hostname,
+)
+from autotune.profile import FingerprintWarning
 from autotune.tuner.storage import redact
 from autotune.units import format_bytes
 from autotune.workloads import WorkloadSpec
@@ -78,10 +84,13 @@ def sampler(seed: int) -> optuna.samplers.BaseSampler:
 
 
 def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, *,
-               seed: int, limit: int, limit_spec: str | None) -> tuple[optuna.Study, int]:
+               seed: int, limit: int, limit_spec: str | None,
+               note: Callable[[str], None] | None = None) -> tuple[optuna.Study, int]:
     """Create the study, or resume it after checking it measures what this run would; returns
     it with the memory limit to use (a resumed study keeps its own). Call under the study lock:
-    creating the study and writing its attributes is one step for a fleet's workers."""
+    creating the study and writing its attributes is one step for a fleet's workers. A warning
+    (a study whose fingerprint predates the CPU's identity) goes to ``note``, else to
+    ``warnings`` as a FingerprintWarning."""
     try:
         study = optuna.create_study(study_name=ident.name, storage=storage,
                                     direction="maximize", sampler=sampler(seed),
@@ -94,6 +103,7 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
         _refuse_mismatch(attrs, ident)
         limit = _kept_limit(ident.name, attrs.get("memory_limit_bytes"),
                             attrs.get("memory_limit_spec"), limit, limit_spec)
+        _complete_fingerprint(study, ident, note)  # once every check has passed
     else:
         for key, value in {
             "fingerprint": ident.hw.fingerprint(), "hardware": ident.hw.to_dict(),
@@ -113,13 +123,19 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
 def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
     """A resumed study must measure what this run would: one line saying what differs."""
     name = ident.name
-    diff = fingerprint_diff(attrs["fingerprint"], ident.hw.fingerprint())
-    if diff:
+    match = compare_fingerprints(attrs["fingerprint"], ident.hw.fingerprint())
+    if match.differs and match.unverified:
+        raise UsageError(f"study {name} was made by an earlier autotune whose fingerprint did "
+                         f"not record the CPU's {match.unverified_words()}, and what it did "
+                         f"record differs here ({'; '.join(match.differs)}); measurements are "
+                         "not comparable: pass another --study name to start a new study")
+    if match.differs:
         # A fleet worker on another kind of machine lands here too: its throughput would not
         # be comparable with the study's.
-        raise UsageError(f"study {name} was measured on other hardware ({'; '.join(diff)}); "
-                         "measurements are not comparable: run this worker on a machine like "
-                         "the study's, or pass another --study name")
+        raise UsageError(f"study {name} was measured on other hardware "
+                         f"({'; '.join(match.differs)}); measurements are not comparable: run "
+                         "this worker on a machine like the study's, or pass another --study "
+                         "name")
     stored = attrs.get("workload") or {}
     if (stored.get("spec"), stored.get("params")) != (ident.workload.spec,
                                                       ident.workload.params):
@@ -139,6 +155,34 @@ def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
     if searched != json.loads(json.dumps(ident.space.to_dict()["searched"])):
         raise UsageError(f"study {name} searched another space ({searched}); its trials would "
                          "not fit this one: pass another --study name")
+
+
+def _complete_fingerprint(study: optuna.Study, ident: Identity,
+                          note: Callable[[str], None] | None) -> None:
+    """A study made before the fingerprint recorded the CPU's identity, resumed on a machine
+    where everything it did record matches (``_refuse_mismatch`` let it through): resume it,
+    say once what could not be checked, and record this CPU on it, so that from now on a worker
+    on another CPU is refused as for any study (and the agents' plain check works)."""
+    stored = dict(study.user_attrs["fingerprint"])
+    here = ident.hw.fingerprint()
+    match = compare_fingerprints(stored, here)
+    if not match.unverified:
+        return
+    line = (f"study {ident.name} was made by an earlier autotune whose fingerprint did not "
+            f"record the CPU's {match.unverified_words()}, so autotune cannot tell whether "
+            f"this machine ({describe_fingerprint(here)}) is the CPU its "
+            f"{len(study.get_trials(deepcopy=False))} trial(s) ran on; everything else it "
+            "recorded matches, so it resumes, and this CPU is recorded on it for later runs: "
+            "if its trials ran on another CPU, pass another --study name to start a new study")
+    study.set_user_attr("fingerprint", {**stored, **{k: here[k] for k in match.unverified}})
+    # Which trials ran before the CPU was known: a reader can tell them from the later ones.
+    study.set_user_attr("cpu_identity_unverified", {
+        "fields": match.unverified, "trials_before": len(study.get_trials(deepcopy=False)),
+        "at": datetime.now(UTC).isoformat(timespec="seconds"), "host": hostname()})
+    if note is not None:
+        note(line)
+    else:
+        warnings.warn(line, FingerprintWarning, stacklevel=3)
 
 
 def _refuse_other_script(name: str, stored: dict[str, Any], workload: WorkloadSpec) -> None:

@@ -6,8 +6,10 @@ Four parts, each in its own module:
              bandwidth and matmul peaks; all-reduce bus bandwidth per NCCL algorithm;
   peaks      each measured figure against the theoretical peak of its link or device, flagged
              when below ``LOW_SHARE`` of it; degraded PCIe links named;
-  cache      the measurements per hardware fingerprint, so a machine is probed once.
-This module puts them together (``probe``), and gives a study its summary and MFU peaks.
+  cache      the measurements per hardware fingerprint, so a machine is probed once (and again
+             after ``MAX_AGE_DAYS``).
+This module puts them together (``probe``), and gives a study its summary and MFU peaks. A probe
+taken under load (``kernels.contended``) is used, marked ``contended`` and never cached.
 """
 
 from __future__ import annotations
@@ -19,42 +21,64 @@ from pathlib import Path
 from typing import Any
 
 from autotune.machine.hardware import Hardware, cpu_max_mhz, numa_nodes
-from autotune.machine.probe.cache import PROBE_SCHEMA, cache_path, cached, save
+from autotune.machine.probe.cache import PROBE_SCHEMA, cache_path, cached, save, stale, stored
 from autotune.machine.probe.inventory import inventory
 from autotune.machine.probe.kernels import ALLREDUCE_BYTES, NCCL_ALGOS
 from autotune.machine.probe.peaks import check, label
 from autotune.units import format_bytes
 
-__all__ = ["PROBE_SCHEMA", "cache_path", "cached", "peak_for", "probe", "render", "summary"]
+__all__ = ["PROBE_SCHEMA", "cache_path", "cached", "contended_line", "peak_for", "probe",
+           "render", "stale_cache", "summary"]
 KERNELS = "autotune.machine.probe.kernels"
 
 
 def probe(hw: Hardware, *, refresh: bool = False, workdir: Path | None = None,
           on_step: Callable[[str], None] | None = None, allreduce: bool = True) -> dict[str, Any]:
     """The machine's probe. The inventory is read every time (NVML, milliseconds; a link can
-    retrain); the measurements come from the cache unless ``refresh`` or there is none, and are
-    cached when taken. Then the checks. A part that fails to measure is named under
-    ``errors``; the rest still comes back."""
+    retrain); the measurements come from the cache unless ``refresh``, there is none, or it is
+    older than the cache's age limit, and are cached when taken, unless taken under load
+    (``contended``: used for this run, said through ``on_step`` and in the notes). Then the
+    checks. A part that fails to measure is named under ``errors``; the rest still comes
+    back."""
+    say = on_step or (lambda line: None)
     doc: dict[str, Any] = {"schema": PROBE_SCHEMA}
     doc["cpu"] = {"model": hw.cpu_model, "cores": hw.cpu_cores, "numa_nodes": numa_nodes(),
                   "memory_total_bytes": hw.memory_total_bytes, "bf16": hw.cpu_bf16,
-                  "max_mhz": cpu_max_mhz()}
+                  "max_mhz": cpu_max_mhz(), "vendor": hw.cpu_vendor, "family": hw.cpu_family,
+                  "model_number": hw.cpu_model_number, "stepping": hw.cpu_stepping,
+                  "isa_flags": list(hw.cpu_flags)}
     doc.update(inventory())
     found = None if refresh else cached(hw)
     if found is None:
-        found = _measure(hw, doc["gpus"], workdir, on_step or (lambda line: None), allreduce)
-        save(hw, found)
+        why = None if refresh else stale_cache(hw)
+        if why:
+            say(f"the cached probe is not used: {why}; measuring again")
+        found = _measure(hw, doc["gpus"], workdir, say, allreduce)
+        if found.get("contended"):
+            say("measured under load: not cached (the note says why)")
+        else:
+            save(hw, found)
     for key in ("created", "fingerprint_id", "seconds", "errors"):
         doc[key] = found.get(key)
+    doc["contended"] = found.get("contended")
     doc["figures"] = {k: dict(v) for k, v in found.get("figures", {}).items()}
     for g in doc["gpus"]:
         g["pcie"].update(found.get("pcie_under_load", {}).get(str(g["index"]), {}))
     doc["notes"] = ["NVIDIA GPUs found, but this torch build has no CUDA: their bandwidth and "
                     "matmul peaks were not measured"] if doc["gpus"] and hw.device != "cuda" \
         else []
+    if doc["contended"]:
+        doc["notes"].append(contended_line(doc))
     doc["flags"] = []
     check(doc)
     return doc
+
+
+def stale_cache(hw: Hardware) -> str | None:
+    """Why this machine's cached probe is not used (too old, or of no readable date); None
+    where there is none, or it is fresh."""
+    old = stored(hw)
+    return stale(old) if old is not None else None
 
 
 def _measure(hw: Hardware, gpus: list[dict[str, Any]], workdir: Path | None,
@@ -77,6 +101,7 @@ def _measure(hw: Hardware, gpus: list[dict[str, Any]], workdir: Path | None,
             doc["errors"].append(f"cpu: {why}")
         else:
             doc["figures"].update(out["figures"])
+            doc["contended"] = out.get("contended")
         if gpus and hw.device == "cuda":
             say(f"measuring {len(gpus)} GPU(s): copies, memory bandwidth, matmul peaks")
             out, why = run_tool([KERNELS, "gpu"], Path(tmp) / "gpu.json",
@@ -99,6 +124,12 @@ def _measure(hw: Hardware, gpus: list[dict[str, Any]], workdir: Path | None,
                         doc["figures"].update(out["figures"])
     doc["seconds"] = round(time.monotonic() - start, 1)
     return doc
+
+
+def contended_line(doc: dict[str, Any]) -> str:
+    """What a probe taken under load means, in one line (``doc['contended']`` is why)."""
+    return (f"probe taken under load ({doc['contended']}): not cached; numbers may be low "
+            "(and MFU high): `autotune probe --refresh` on a quiet machine measures again")
 
 
 def summary(doc: dict[str, Any], device: str) -> dict[str, Any]:
@@ -127,6 +158,8 @@ def summary(doc: dict[str, Any], device: str) -> dict[str, Any]:
            "peak_basis": basis, "memory_bandwidth_gbs": memory,
            "links": [_link_line(g) for g in doc.get("gpus", [])] if device == "cuda" else [],
            "flags": list(doc.get("flags", []))}
+    if doc.get("contended"):
+        out["contended"] = doc["contended"]  # its peaks may be low: MFU read against them, high
     if device == "cuda":
         out["h2d_pinned_gbs"] = lowest("h2d_pinned")
         out["allreduce_busbw_gbs"] = max(big) if big else None
@@ -152,7 +185,9 @@ def _link_line(g: dict[str, Any]) -> str:
 def render(doc: dict[str, Any]) -> list[str]:
     """``autotune probe``'s human output."""
     c = doc["cpu"]
-    lines = [f"CPU     {c['model']}, {c['cores']} cores, {c['numa_nodes']} NUMA node(s), "
+    family = f" (family {c['family']} model {c['model_number']})" \
+        if c.get("family") is not None and c.get("model_number") is not None else ""
+    lines = [f"CPU     {c['model']}{family}, {c['cores']} cores, {c['numa_nodes']} NUMA node(s), "
              f"{format_bytes(c['memory_total_bytes'])}"
              + (f", {c['max_mhz']:.0f} MHz" if c.get("max_mhz") else "")]
     if doc.get("gpu_note"):
