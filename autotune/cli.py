@@ -90,9 +90,11 @@ def _sigterm_as_interrupt() -> None:
 @guarded
 def run(
     command: Annotated[list[str] | None, typer.Argument(
-        help="Your own training script, after --, run unchanged as each trial: e.g. "
-             "-- torchrun --nproc-per-node 2 train.py --data d/ (it loads the candidate with "
-             "autotune.load_profile() and reports steps: autotune.step() or the callback)",
+        help="Your own training script, after --, run as typed as each trial: e.g. "
+             "-- torchrun --nproc-per-node 2 train.py --data d/. The script must load the "
+             "candidate with autotune.load_profile(), apply it with the profile's methods, and "
+             "report each optimizer step: autotune.step() and autotune.should_stop(), or "
+             "AutotuneCallback from autotune.integrations.hf / autotune.integrations.lightning",
         show_default=False)] = None,
     model: Annotated[str, typer.Option(
         "--model", "-m",
@@ -218,7 +220,8 @@ def probe_command(
         "--json", help="Print the whole probe as one JSON document (fields: docs/probe.md)")
     ] = False,
     refresh: Annotated[bool, typer.Option(
-        help="Measure again instead of showing the cached probe")] = False,
+        help="Measure again instead of showing the cached probe (a cached probe older than 30 "
+             "days, or $AUTOTUNE_PROBE_MAX_AGE_DAYS, is measured again anyway)")] = False,
     allreduce: Annotated[bool, typer.Option(
         help="Measure all-reduce bus bandwidth across the GPUs (several GPUs only)")] = True,
     debug: Debug = False,
@@ -243,7 +246,8 @@ def probe_command(
         typer.echo(line)
     when = "measured now" if fresh else \
         f"measurements cached from {doc.get('created')} (--refresh measures again)"
-    typer.echo(f"probe   {when}: {cache_path(hw)}")
+    where = "not cached (taken under load)" if doc.get("contended") else str(cache_path(hw))
+    typer.echo(f"probe   {when}: {where}")
 
 
 @app.command("list")
@@ -286,9 +290,11 @@ def dashboard(
     debug: Debug = False,
 ) -> None:
     """Write a study's dashboard: one self-contained HTML file that works offline."""
-    from autotune.paths import study_folder
+    from autotune.paths import control_characters, shown, study_folder
     from autotune.report import load_for_dashboard, serve_live, write_dashboard, write_pngs
 
+    if study is not None and (why := control_characters("--study", study)):
+        raise UsageError(why)
     if live:
         serve_live(storage, port, lambda url: typer.echo(
             f"live dashboard: {url} ({'writable' if writable else 'read-only'}; Ctrl-C stops "
@@ -298,7 +304,7 @@ def dashboard(
     chosen, why = load_for_dashboard(storage, study)
     path = write_dashboard(chosen, out or study_folder(Path("studies"), chosen.study_name)
                            / "dashboard.html")
-    typer.echo(f"dashboard for study {chosen.study_name}{why}: {path}")
+    typer.echo(f"dashboard for study {shown(chosen.study_name)}{shown(why)}: {path}")
     if png:
         images = write_pngs(chosen, path.parent / "panels")
         typer.echo(f"{len(images)} PNG panels: {images[0].parent}")
@@ -316,9 +322,10 @@ def studies(
 ) -> None:
     """List the studies in a storage: measured trials, best samples/sec, speedup, last
     activity."""
+    from autotune.paths import shown
     from autotune.tuner.results import list_studies
 
-    rows = list_studies(storage)
+    rows = [{**r, "study": shown(r["study"])} for r in list_studies(storage)]
     if not rows:
         typer.echo("no studies yet: `autotune run` starts one")
         return
@@ -398,17 +405,21 @@ def profile_check(
     allow_workload: Annotated[str | None, typer.Option(
         help="Run the profile's workload although it is not built in (its spec, exactly as "
              "the profile names it): checking imports and runs that code")] = None,
+    allow_edited: Annotated[bool, typer.Option(
+        help="Check a profile's script although it changed since it was tuned (its sha256 "
+             "differs): the result then measures the script as it is now")] = False,
     debug: Debug = False,
 ) -> None:
     """Measure the profile's config again on this machine; exit 1 if it is slower than
     --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
     from autotune.machine.hardware import detect
-    from autotune.tuner.check import check_profile, check_workload, measure_settings
+    from autotune.tuner.check import check_profile, check_target, check_workload, measure_settings
     from autotune.units import format_bytes
 
     profile = _load(path)
-    check_workload(profile, allow_workload)  # before anything is printed or run
+    check_workload(profile, allow_workload, allow_edited)  # before anything is printed or run
     hw = detect()
+    check_target(profile, hw)
     budget = measure_settings(profile).max_seconds  # a bad result.measure: one line, exit 2
     typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
                f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
@@ -421,7 +432,7 @@ def profile_check(
 
     _sigterm_as_interrupt()
     result = check_profile(profile, rounds=rounds, threshold=threshold, hw=hw,
-                           allow_workload=allow_workload,
+                           allow_workload=allow_workload, allow_edited=allow_edited,
                            trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout")
                            or 600.0, on_round=on_round)
     recorded_peak = profile.result.get("peak_memory_bytes")

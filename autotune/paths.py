@@ -43,3 +43,20 @@ def study_folder(studies_dir: Path, name: str) -> Path:
                          "letters, digits, '.', '_' and '-' (up to 200, not starting with '.'), "
                          "or pass --out DIR")
     return studies_dir / name
+
+
+def control_characters(flag: str, value: str) -> str | None:
+    """Why ``value`` (given as ``flag``) cannot be a name autotune prints and stores, or None:
+    a control character (an escape sequence, a bell, a newline) would rewrite the terminal of
+    everyone who lists the study."""
+    bad = sorted({c for c in value if not c.isprintable()})
+    if not bad:
+        return None
+    return (f"{flag} {value!r} holds control characters ({', '.join(map(repr, bad))}): use "
+            "printable characters only")
+
+
+def shown(text: object) -> str:
+    """``text`` for a terminal: control characters (from a study stored by someone else)
+    written as escapes, never sent raw."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))

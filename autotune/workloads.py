@@ -114,6 +114,9 @@ def parse_params(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip().isidentifier():
             raise WorkloadError(f"--param must look like name=value, got {item!r} "
                                 "(e.g. --param seq_len=256)")
+        if any(not c.isprintable() for c in raw):
+            raise WorkloadError(f"--param {key.strip()} has a value with control characters "
+                                f"({raw!r}): use printable characters only")
         params[key.strip()] = _scalar(raw.strip())
     return params
 

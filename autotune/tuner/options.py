@@ -16,7 +16,7 @@ from typing import Any
 from autotune.config.space import check_global_batch
 from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware
-from autotune.paths import study_folder
+from autotune.paths import control_characters, study_folder
 from autotune.trial.command import parse_command
 from autotune.trial.launch import Nodes
 from autotune.trial.spec import MeasureSettings
@@ -125,7 +125,9 @@ def problems(opts: RunOptions, hw: Hardware) -> list[str]:
         memory_limit(opts.memory_limit, hw)
     except UsageError as exc:
         found.append(str(exc))
-    if opts.study_name is not None and opts.out_dir is None:
+    if opts.study_name is not None and (why := control_characters("--study", opts.study_name)):
+        found.append(why)
+    elif opts.study_name is not None and opts.out_dir is None:
         try:
             study_folder(opts.studies_dir, opts.study_name)
         except UsageError as exc:
