@@ -108,8 +108,9 @@ def write_pngs(study: optuna.Study, folder: Path) -> list[Path]:
     try:
         import kaleido  # noqa: F401 - plotly's image export needs it
     except ImportError:
-        raise UsageError("--png needs kaleido (pip install 'autotune[png]') and a Chromium "
-                         "(e.g. Debian's package chromium); the HTML dashboard needs neither"
+        raise UsageError("--png needs kaleido (from a clone of autotune: pip install -e "
+                         "'.[png]') and a Chromium (e.g. Debian's package chromium); the HTML "
+                         "dashboard needs neither"
                          ) from None
     import plotly.io
 

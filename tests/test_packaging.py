@@ -1,12 +1,35 @@
-"""A non-editable install used from another directory finds the shipped spaces and workloads."""
+"""A non-editable install used from another directory finds the shipped spaces and workloads,
+and the distribution is named so that installing it by name installs this project."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
 from tests.conftest import ROOT
+
+# "autotune" on PyPI is an unrelated project (hyperparameter tuning, 2018): `pip install
+# autotune[png]` would install it. This project is distributed as DISTRIBUTION; the import name
+# and the command stay `autotune`.
+DISTRIBUTION = "autotune-train"
+TAKEN = {"autotune"}  # names on PyPI that belong to other projects (PEP 503 normalized)
+
+
+def normalize(name: str) -> str:
+    """PEP 503: runs of -, _ and . are one -, case folded (how pip and PyPI compare names)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_distribution_name_is_ours() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert normalize(project["name"]) == DISTRIBUTION
+    assert normalize(project["name"]) not in TAKEN
+    assert project["scripts"] == {"autotune": "autotune.cli:main"}  # the command keeps its name
+    assert {"png", "postgres"} <= set(project["optional-dependencies"])
 
 
 def test_wheel_ships_search_spaces_and_objectives(tmp_path: Path) -> None:
@@ -15,7 +38,10 @@ def test_wheel_ships_search_spaces_and_objectives(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(wheels), str(ROOT)],
                    check=True, capture_output=True)
-    (wheel,) = wheels.glob("autotune-*.whl")
+    (wheel,) = wheels.glob("autotune_train-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        assert f"\nName: {DISTRIBUTION}\n" in archive.read(metadata).decode()
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
     code = ("import autotune, autotune.config.space as s, autotune.workloads as w;"
