@@ -468,6 +468,8 @@ def launch_command(
         raise UsageError("no command to launch: put it after --, e.g. autotune launch "
                          "profile.yaml -- python train.py")
     profile = _load(path)
+    for why in profile.refused_here():  # the script would refuse it when applying it
+        raise UsageError(f"the profile cannot run here: {why}")
     env = launch_env(profile, path)
     shown = " ".join(f"{k}={env[k]}" for k in (*profile.env, PROFILE_ENV))
     typer.echo(f"autotune: launching with {shown}", err=True)

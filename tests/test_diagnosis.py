@@ -205,3 +205,23 @@ def test_a_test_the_script_cannot_run_says_so() -> None:
                        unapplied={"grad_accum_steps": why})
     assert f"test: grad_accum_steps 2 with micro-batch 8; not run by this study: {why}" \
         in only.text
+
+
+def test_a_rate_beyond_the_machine_s_peak_is_not_a_measurement() -> None:
+    from autotune.trial.measurement import Measurement
+    from autotune.tuner.diagnosis import BEYOND_PEAK, with_efficiency
+
+    probe = {"peak_tflops": {"fp32": 0.2, "bf16": 0.6}}
+    # 1e9 FLOPs per sample: 200 samples/s is 0.2 TFLOP/s, the whole fp32 peak.
+    at_peak = Measurement("ok", None, samples_per_sec=200.0, flops_per_sample=1e9, tflops=0.2)
+    m = with_efficiency(at_peak, Config(), "cpu", probe)
+    assert m.ok and m.mfu == pytest.approx(1.0)
+    beyond = replace(at_peak, samples_per_sec=200.0 * (BEYOND_PEAK + 0.5),
+                     tflops=0.2 * (BEYOND_PEAK + 0.5))
+    m = with_efficiency(beyond, Config(), "cpu", probe)
+    assert m.status == "error" and "beyond what this machine can do" in (m.reason or "")
+    assert "2.0x the measured fp32 peak of 0.2 TFLOP/s" in (m.reason or "")
+    # Without FLOPs (a script's trial) nothing is known, nothing refused.
+    m = with_efficiency(replace(beyond, flops_per_sample=None, tflops=None), Config(), "cpu",
+                        probe)
+    assert m.ok and m.mfu is None

@@ -139,3 +139,7 @@ def test_flash_attention_without_flash_attn_never_reaches_transformers(tmp_path:
     result = runner.invoke(app, ["profile", "check", str(tmp_path / "p.yaml"), "--rounds", "1"])
     assert result.exit_code == 2 and "flash-attn package" in result.output
     assert "round 1" not in result.output
+    marker = tmp_path / "ran"
+    result = runner.invoke(app, ["launch", str(tmp_path / "p.yaml"), "--", "touch", str(marker)])
+    assert result.exit_code == 2 and "flash-attn package" in result.output
+    assert not marker.exists()

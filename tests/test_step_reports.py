@@ -63,7 +63,7 @@ def _trial(tmp_path: Path, behave: str, workdir: Path | None = None) -> Measurem
     # The count check was skipped when the first step used the default count.
     ("default-then-big", "error", "hostile.py: step 2 of rank 0 counts 1000000000 samples"),
     # End times that do not advance were clamped to 1e-9 s (4e11 samples/s, exported).
-    ("frozen-time", "error", "hostile.py: steps "),
+    ("frozen-time", "error", "hostile.py: step "),
 ])
 def test_a_report_that_cannot_be_trusted_ends_its_trial(tmp_path: Path, behave: str,
                                                         status: str, reason: str) -> None:

@@ -247,7 +247,8 @@ class StepDriver:
     def _too_short(self, a: int, b: int, seconds: float) -> str:
         """Why steps ``a + 1`` to ``b``, ``seconds`` long on the slowest rank, are not a
         measurement (end times that do not advance once gave a rate of 4e11 samples/s)."""
-        return (f"{self.name}: steps {a + 1} to {b} took {seconds:.3g}s on the slowest rank "
+        steps = f"step {b}" if b == a + 1 else f"steps {a + 1} to {b}"
+        return (f"{self.name}: {steps} took {seconds:.3g}s on the slowest rank "
                 f"({seconds / (b - a) * 1e6:.3g} us per step), shorter than reporting a step "
                 f"takes ({MIN_STEP_S * 1e6:g} us): these end times were not measured")
 
