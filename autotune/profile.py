@@ -553,7 +553,7 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
     Without ``path``, loads the one ``autotune launch`` named in ``AUTOTUNE_PROFILE``. In a
     trial of ``autotune run -- CMD`` it always loads the trial's candidate config (also named
     in ``AUTOTUNE_PROFILE``), whatever ``path`` the script passes: a script that loads its
-    production profile by path is tuned as it is, and says so once on stderr.
+    production profile by path is tuned without that path changing, and says so once on stderr.
     """
     path = _trial_candidate(path)
     if path is None:

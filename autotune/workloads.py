@@ -227,7 +227,7 @@ SCRIPT_DEFAULT_BATCH = 8
 
 @dataclass(frozen=True)
 class ScriptWorkload:
-    """A training script tuned as it is (``autotune run -- CMD``): the script owns model, data
+    """A training script tuned as it runs (``autotune run -- CMD``): the script owns model, data
     and loop; autotune knows its name and the micro-batch its baseline starts from. Every model
     knob may apply: which ones do is learnt from the baseline trial (``steps.accessed``)."""
 

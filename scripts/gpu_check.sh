@@ -7,7 +7,7 @@
 #                                the space, the baseline (and the confirmation, if it fits)
 #   profile (GPU_PROFILE=0 skips) the plain-PyTorch example trains with the exported profile
 #                                (reproduction ratio) and `autotune profile check` re-measures it
-#   script (GPU_SCRIPT=0 skips)  a Hugging Face Trainer script tuned as it is (`autotune run --
+#   script (GPU_SCRIPT=0 skips)  a Hugging Face Trainer script tuned as it runs (`autotune run --
 #                                python3 benchmarks/scripts/hf_bert.py`): the step protocol, the
 #                                callback's data wait and the script's own peak memory on CUDA
 #   roofline (GPU_ROOFLINE=0 skips) BERT-base and GPT-2 small with no memory limit: open-ended

@@ -443,7 +443,7 @@ def env_for(config: Config) -> dict[str, str]:
     return env
 
 
-# Which ``Profile`` methods apply each knob in a training script: a script tuned as it is
+# Which ``Profile`` methods apply each knob in a training script: a script tuned as it runs
 # (``autotune run -- CMD``) that calls none of a knob's methods cannot feel it, so the knob is
 # not searched. The NCCL knobs are absent: the trial's launcher sets them in the environment.
 APPLIED_BY: dict[str, tuple[str, ...]] = {

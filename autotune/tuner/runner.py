@@ -87,7 +87,7 @@ class Runner:
         options.check(opts, hw)
         self.opts = opts = opts.with_defaults(hw)
         self.reporter, self.hw, self.draw = reporter, hw, dashboard
-        # A script tuned as it is (autotune run -- CMD), or a workload autotune's loop trains.
+        # A script tuned as it runs (autotune run -- CMD), or a workload autotune's loop trains.
         self.command = parse_command(opts.command) if opts.command else None
         workload: Any
         if self.command is not None:
