@@ -349,13 +349,14 @@ def _load(path: Path) -> Profile:
     """Load a profile; a fingerprint mismatch is one warning line on stderr, not a traceback."""
     import warnings
 
+    from autotune.paths import shown
     from autotune.profile import load_profile
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         profile = load_profile(path)
     for w in caught:
-        typer.echo(f"autotune: warning: {w.message}", err=True)
+        typer.echo(f"autotune: warning: {shown(w.message)}", err=True)
     return profile
 
 
@@ -363,8 +364,12 @@ def _load(path: Path) -> Profile:
 @guarded
 def profile_show(path: ProfileArg, debug: Debug = False) -> None:
     """What a profile tuned, what it measured, and where."""
+    from autotune.paths import shown
+
     profile = _load(path)
-    typer.echo(f"profile    {path}\n{profile.summary()}")
+    # A profile is data from elsewhere: its names and notes are shown, never sent raw.
+    lines = [f"profile    {path}", *profile.summary().splitlines()]
+    typer.echo("\n".join(shown(line) for line in lines))
 
 
 @profile_app.command("env")
@@ -386,9 +391,10 @@ def profile_env(path: ProfileArg, debug: Debug = False) -> None:
 @guarded
 def profile_diff(a: ProfileArg, b: ProfileArg, debug: Debug = False) -> None:
     """What differs between two profiles: workload, config, env, results, fingerprint."""
+    from autotune.paths import shown
     from autotune.profile import profile_diff as diff
 
-    lines = diff(_load(a), _load(b))
+    lines = [shown(line) for line in diff(_load(a), _load(b))]
     typer.echo("\n".join(lines) if lines else
                "no differences in workload, config, env, results or fingerprint")
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune import steps
-from autotune.config.knobs import KNOBS, TUNED_ENV, Config, parse_values
+from autotune.config.knobs import ENV_KNOBS, KNOBS, TUNED_ENV, Config, parse_values
 from autotune.errors import ProfileError
 from autotune.trial.apply import (
     attention_refused,
@@ -510,7 +510,7 @@ def _env_problems(env: dict[str, str]) -> list[str]:
     """The tuned variables' values, checked as their knobs check them (names autotune does not
     tune are refused where the env is applied, and shown by ``profile show``)."""
     problems = []
-    for name, knob in (("NCCL_ALGO", "nccl_algo"), ("NCCL_PROTO", "nccl_proto")):
+    for name, knob in ENV_KNOBS.items():
         if name in env:
             try:
                 KNOBS[knob].parse(env[name])

@@ -143,3 +143,16 @@ def test_flash_attention_without_flash_attn_never_reaches_transformers(tmp_path:
     result = runner.invoke(app, ["launch", str(tmp_path / "p.yaml"), "--", "touch", str(marker)])
     assert result.exit_code == 2 and "flash-attn package" in result.output
     assert not marker.exists()
+
+
+def test_what_a_profile_names_is_shown_escaped_never_raw(tmp_path: Path) -> None:
+    data = make().to_dict()
+    data["workload"] = {**data["workload"], "name": "mlp\x1b]0;owned\x07"}
+    data["notes"] = ["fine\x1b[2J"]
+    path, plain = _write(tmp_path, data), _write(tmp_path, make().to_dict(), "plain.yaml")
+    for args in (["profile", "show", str(path)], ["profile", "diff", str(plain), str(path)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "\x1b" not in result.output and "\x07" not in \
+            result.output
+    for args in (["profile", "show", str(path)], ["profile", "diff", str(plain), str(path)]):
+        assert "mlp\\x1b]0;owned\\x07" in runner.invoke(app, args).output

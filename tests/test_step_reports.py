@@ -9,7 +9,6 @@ import math
 import os
 import shlex
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,11 +66,10 @@ def _trial(tmp_path: Path, behave: str, workdir: Path | None = None) -> Measurem
 ])
 def test_a_report_that_cannot_be_trusted_ends_its_trial(tmp_path: Path, behave: str,
                                                         status: str, reason: str) -> None:
-    start = time.monotonic()
     m = _trial(tmp_path, behave)
+    # Ended by the protocol, naming the step: not the 60 s trial timeout's "timeout".
     assert (m.status, (m.reason or "")[:len(reason)]) == (status, reason), m.reason
     assert m.samples_per_sec is None
-    assert time.monotonic() - start < 40  # ended by the protocol, not the 60 s timeout
     if behave == "frozen-time":
         assert "shorter than reporting a step takes" in (m.reason or "")
 
@@ -125,11 +123,9 @@ def test_the_study_goes_on_and_exports_only_what_was_measured(tmp_path: Path,
 def test_a_script_that_changes_directory_still_loads_its_profile_and_stops(
         tmp_path: Path, behave: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    start = time.monotonic()
     m = _trial(tmp_path, behave, workdir=Path("studies") / "s" / "trials" / "0001")
     assert m.ok, m.reason
     assert m.reason is None  # stopped when asked, not ended by signal after the grace
-    assert time.monotonic() - start < 30
 
 
 def test_a_script_trial_s_paths_are_absolute(tmp_path: Path,

@@ -119,7 +119,7 @@ class Config:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Config:
         """Build a config from its dict form; unknown keys are an error, missing ones default,
-        and every value is checked against the knob registry (``value_problems``): a config
+        and every value is checked against the knob registry (``parse_values``): a config
         read from a profile, a study or a trial's spec is data, and nothing outside the
         registry reaches torch or transformers. Raises ValueError naming every bad value."""
         names = {f.name for f in fields(cls)}
@@ -426,7 +426,9 @@ def oversubscribed(config: Config, cpu_cores: int) -> str | None:
 # Every environment variable env_for can set: the only ones a profile's ``env`` may carry into
 # a process (``Profile.apply_env``, ``autotune launch``, ``autotune profile env``). A profile is
 # data; anything else in its env (LD_PRELOAD, PYTHONPATH, BASH_ENV, PATH...) could run code.
-TUNED_ENV = ("NCCL_ALGO", "NCCL_PROTO")
+# Each with the knob whose value it carries (a profile's env value is checked as that knob's).
+ENV_KNOBS = {"NCCL_ALGO": "nccl_algo", "NCCL_PROTO": "nccl_proto"}
+TUNED_ENV = tuple(ENV_KNOBS)
 
 
 def env_for(config: Config) -> dict[str, str]:
@@ -434,13 +436,11 @@ def env_for(config: Config) -> dict[str, str]:
 
     NCCL reads these when the process group starts, so they must be in place before that.
     """
-    env: dict[str, str] = {}
-    if config.world_size > 1:
-        if config.nccl_algo != "default":
-            env["NCCL_ALGO"] = config.nccl_algo
-        if config.nccl_proto != "default":
-            env["NCCL_PROTO"] = config.nccl_proto
-    return env
+    if config.world_size <= 1:
+        return {}
+    values = config.to_dict()
+    return {name: values[knob] for name, knob in ENV_KNOBS.items()
+            if values[knob] != "default"}
 
 
 # Which ``Profile`` methods apply each knob in a training script: a script tuned as it runs

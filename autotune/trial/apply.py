@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from autotune.config.knobs import ATTENTIONS, Config
+from autotune.config.knobs import KNOBS, Config
 
 
 def loader_kwargs(config: Config, device_type: str) -> dict[str, Any]:
@@ -98,8 +98,10 @@ def attention_refused(attention: str, model: Any = None) -> str | None:
     (with the ``kernels`` package installed, transformers loads a kernel from the Hub instead),
     or for a model whose own list of flash implementations does not hold it (transformers
     switches to the first of that list, which may be a Hub kernel)."""
-    if attention not in ATTENTIONS:
-        return f"attention must be one of {list(ATTENTIONS)}, got {attention!r}"
+    try:  # the registry's rule, here too: a Profile built in code skips loading's check
+        KNOBS["attention"].parse(attention)
+    except ValueError as exc:
+        return f"attention {exc}"
     if not attention.startswith("flash_attention"):
         return None
     if importlib.util.find_spec("flash_attn") is None:

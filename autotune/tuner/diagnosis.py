@@ -70,11 +70,13 @@ def with_efficiency(m: Measurement, config: Config, device: str,
                     probe: dict[str, Any] | None) -> Measurement:
     """The measurement with its MFU and the peak it was taken against (when both are known).
     A rate the machine cannot reach (``BEYOND_PEAK`` times its measured peak at the workload's
-    FLOPs per sample) is an error with the reason, never a result."""
+    FLOPs per sample) is an error with the reason, never a result, unless the probe was taken
+    under load: its peaks may then be several times low, and refusing against them would refuse
+    every honest trial."""
     peak = peak_for(probe, config.amp, device)
     share = mfu(m.samples_per_sec, m.flops_per_sample, peak, config.world_size, device)
     m = replace(m, mfu=None if share is None else round(share, 4), peak_tflops=peak)
-    if m.ok and share is not None and share > BEYOND_PEAK:
+    if m.ok and share is not None and share > BEYOND_PEAK and not (probe or {}).get("contended"):
         return replace(m, status="error", reason=(
             f"{m.samples_per_sec:,.4g} samples/s at {m.flops_per_sample:.3g} FLOPs per sample "
             f"is {m.tflops:.3g} TFLOP/s, {share:.1f}x the measured {_dtype(config)} peak of "
