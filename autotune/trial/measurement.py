@@ -11,7 +11,8 @@ import math
 import re
 import signal
 import statistics
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 RESULT_SCHEMA = "autotune.trial/v1"
@@ -131,6 +132,9 @@ class Measurement:
     # A trial of the user's script: its name, steps per rank, the Profile methods it called
     # (``steps.accessed``), and whether it left the sample count to the config.
     script: dict[str, Any] = field(default_factory=dict)
+    # A config ruled out without running: what the memory or step-time model predicted.
+    predicted_peak_memory_bytes: int | None = None
+    predicted_step_s: float | None = None
 
     @property
     def is_result(self) -> bool:
@@ -150,6 +154,15 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """The measurement stored on a trial. Keys this version does not know (a newer study)
+        are left out; a missing status reads as an error."""
+        known = {f.name for f in fields(cls)}
+        kept = {k: v for k, v in data.items() if k in known}
+        kept.setdefault("status", "error")
+        return cls(**kept)
 
 
 def median_and_cv(values: list[float]) -> tuple[float, float]:
