@@ -14,9 +14,10 @@ from rich.text import Text
 
 from autotune.config.knobs import Config
 from autotune.trial.measurement import Measurement
+from autotune.tuner.confirmation import NO_WIN, Candidate
+from autotune.tuner.record import TrialRecord
 from autotune.tuner.reporting import RunSummary, StartInfo
-from autotune.tuner.results import TrialView
-from autotune.tuner.search import NO_WIN, Candidate
+from autotune.tuner.snapshot import CONFIRMED
 from autotune.tuner.stages import story
 from autotune.units import format_bytes
 
@@ -48,7 +49,7 @@ class ConsoleReporter:
         self.total: int | None = None
         self.start = self._trial_start = time.monotonic()
         self.timeout_s: float | None = None
-        self.best: TrialView | None = None
+        self.best: TrialRecord | None = None
         self.current = ""
         self.trials_target: int | None = None
         self.done = 0
@@ -120,7 +121,7 @@ class ConsoleReporter:
         self.progress.update(self.task,
                              status=f"{status} | {self._best_text()} | {self._eta_text()}")
 
-    def trial_finished(self, view: TrialView, best: TrialView | None) -> None:
+    def trial_finished(self, view: TrialRecord, best: TrialRecord | None) -> None:
         self.best = best
         ran = view.reused_from is None and not view.predicted
         if ran:
@@ -146,9 +147,9 @@ class ConsoleReporter:
             what = f"not run, {view.reason}"
         else:
             what = f"{view.status}: {view.reason}"
-            step = (view.forecast.get("step") or {}).get("step_s")
+            step = view.forecast.step
             if step:
-                what += f" (predicted step {step:.3g}s)"
+                what += f" (predicted step {step.step_s:.3g}s)"
         line = f"  #{view.number:<3} {view.config.describe():<44} {what}{tag}"
         if self.progress is not None and self.task is not None and ran:
             self.progress.advance(self.task)
@@ -198,13 +199,13 @@ class ConsoleReporter:
         if summary.diagnosis:
             p("what limits the winner:")
             for finding in summary.diagnosis:
-                p(f"  {finding['text']}")
+                p(f"  {finding.text}")
         for line in _confirmation_lines(summary):
             p(line)
         if summary.speedup is not None:
-            how = " (measured side by side)" if summary.confirmed_speedup is not None else \
+            how = " (measured side by side)" if summary.speedup.kind == CONFIRMED else \
                 " (the search trials' own figures, not confirmed)"
-            p(f"speedup over the baseline: {summary.speedup:.2f}x{how}")
+            p(f"speedup over the baseline: {summary.speedup.value:.2f}x{how}")
         elif summary.baseline is not None and summary.best.number != summary.baseline.number:
             p("speedup over the baseline: not claimed (a single timed window; see the profile's "
               "notes)")
@@ -278,7 +279,7 @@ class JsonReporter:
         fields = {k: v for k, v in event.items() if k not in ("event", "t")}
         self._emit("trial_progress", trial=self.trial, kind=event.get("event"), **fields)
 
-    def trial_finished(self, view: TrialView, best: TrialView | None) -> None:
+    def trial_finished(self, view: TrialRecord, best: TrialRecord | None) -> None:
         self._emit("trial_finished", **_view_fields(view),
                    best_trial=best.number if best else None)
 
@@ -299,23 +300,26 @@ class JsonReporter:
                    dashboard=summary.dashboard or None,
                    best=_view_fields(summary.best) if summary.best else None,
                    baseline=_view_fields(summary.baseline) if summary.baseline else None,
-                   speedup=summary.speedup, confirmed=summary.confirmation is not None,
-                   not_confirmed_because=summary.confirm_skipped, diagnosis=summary.diagnosis)
+                   speedup=summary.speedup.value if summary.speedup else None,
+                   speedup_kind=summary.speedup.kind if summary.speedup else None,
+                   confirmed=summary.confirmation is not None,
+                   not_confirmed_because=summary.confirm_skipped,
+                   diagnosis=[f.to_dict() for f in summary.diagnosis])
 
 
-def _step_text(view: TrialView) -> str:
+def _step_text(view: TrialRecord) -> str:
     """The measured step time, with what the step-time model predicted before the trial."""
     if view.step_s is None:
         return ""
-    predicted = view.forecast.get("step")
+    predicted = view.forecast.step
     if not predicted:
         return f"step {view.step_s:.3g}s, "
-    return (f"step {view.step_s:.3g}s (predicted {predicted['step_s']:.3g}s "
-            f"+-{100 * predicted['error']:.0f}%), ")
+    return (f"step {view.step_s:.3g}s (predicted {predicted.step_s:.3g}s "
+            f"+-{100 * predicted.error:.0f}%), ")
 
 
-def _predicted_peak(view: TrialView) -> str:
-    peak = view.forecast.get("peak_memory_bytes")
+def _predicted_peak(view: TrialRecord) -> str:
+    peak = view.forecast.peak_memory_bytes
     return f" (predicted {format_bytes(peak)})" if peak else ""
 
 
@@ -335,7 +339,7 @@ def _stopped_line(summary: RunSummary) -> str:
             + f"; this run took {summary.wall_s / 60:.1f} min")
 
 
-def _ruled_out_words(views: list[TrialView]) -> str:
+def _ruled_out_words(views: list[TrialRecord]) -> str:
     kinds = Counter(v.predicted_kind for v in views)
     words = {"oom": "predicted to pass the memory limit", "too_slow": "predicted too slow",
              "oversubscribed": "more threads and loader workers than cores"}
@@ -371,37 +375,37 @@ def _confirmation_lines(summary: RunSummary) -> list[str]:
     conf = summary.confirmation
     if conf is None:
         return [f"not confirmed: {summary.confirm_skipped}"] if summary.confirm_skipped else []
-    d = conf["decision"]
-    rounds = f"{conf['rounds']} interleaved rounds"
-    if conf.get("stopped_early"):
-        rounds += f" of {conf['planned_rounds']} planned (stopped: {conf['stopped_early']})"
-    if d["decided_by"] == NO_WIN:
+    d = conf.decision
+    rounds = f"{conf.rounds} interleaved rounds"
+    if conf.stopped_early:
+        rounds += f" of {conf.planned_rounds} planned (stopped: {conf.stopped_early})"
+    if d.decided_by == NO_WIN:
         lines = [f"confirmation: {rounds}; no config beat the baseline by more than the "
-                 f"measured noise (margin {100 * d['margin']:.1f}%): the profile keeps the "
+                 f"measured noise (margin {100 * d.margin:.1f}%): the profile keeps the "
                  "baseline's settings"]
     else:
-        lines = [f"confirmation: {rounds}, windows twice as long; winner #{d['winner_trial']} "
-                 f"by {d['decided_by']} (margin {100 * d['margin']:.1f}%: twice the pooled "
+        lines = [f"confirmation: {rounds}, windows twice as long; winner #{d.winner_trial} "
+                 f"by {d.decided_by} (margin {100 * d.margin:.1f}%: twice the pooled "
                  "spread of the top two)"]
-    for c in conf["candidates"]:
-        rates = ", ".join(f"{r:,.2f}" for r in c["samples_per_sec"]) or "-"
-        note = " baseline" if c["baseline"] else ""
-        if str(c["trial"]) in d["excluded"]:
-            note += f" (cannot win: {d['excluded'][str(c['trial'])]})"
-        lines.append(f"  #{c['trial']:<3} median {c['median'] or 0:,.2f} samples/s from "
-                     f"[{rates}], spread {100 * c['spread_cv']:.1f}%, peak "
-                     f"{format_bytes(c['peak_memory_bytes'])}{note}")
+    for c in conf.candidates:
+        rates = ", ".join(f"{r:,.2f}" for r in c.rates) or "-"
+        note = " baseline" if c.baseline else ""
+        if str(c.trial) in d.excluded:
+            note += f" (cannot win: {d.excluded[str(c.trial)]})"
+        lines.append(f"  #{c.trial:<3} median {c.median or 0:,.2f} samples/s from "
+                     f"[{rates}], spread {100 * c.spread_cv:.1f}%, peak "
+                     f"{format_bytes(c.peak_memory_bytes)}{note}")
     return lines
 
 
-def _view_fields(view: TrialView) -> dict[str, Any]:
+def _view_fields(view: TrialRecord) -> dict[str, Any]:
     return {"trial": view.number, "config": view.config.to_dict(), "status": view.status,
             "reason": view.reason, "samples_per_sec": view.samples_per_sec,
             "spread_cv": view.spread_cv, "peak_memory_bytes": view.peak_memory_bytes,
             "breakdown": view.breakdown, "baseline": view.is_baseline,
             "reused_from": view.reused_from, "predicted": view.predicted, "stage": view.stage,
             "mfu": view.mfu, "tflops": view.tflops, "step_s": view.step_s,
-            "forecast": view.forecast, "predicted_kind": view.predicted_kind}
+            "forecast": view.forecast.to_dict(), "predicted_kind": view.predicted_kind}
 
 
 class QuietReporter:
@@ -410,7 +414,7 @@ class QuietReporter:
     def started(self, info: StartInfo) -> None: ...
     def trial_started(self, *args: Any) -> None: ...
     def trial_event(self, event: dict[str, Any]) -> None: ...
-    def trial_finished(self, view: TrialView, best: TrialView | None) -> None: ...
+    def trial_finished(self, view: TrialRecord, best: TrialRecord | None) -> None: ...
     def confirming(self, *args: Any) -> None: ...
     def note(self, line: str) -> None: ...
     def finished(self, summary: RunSummary) -> None: ...

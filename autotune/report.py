@@ -20,22 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.machine.hardware import describe_fingerprint
-from autotune.tuner.results import (
-    TrialView,
-    compile_payback,
-    confirmed,
-    confirmed_winner,
-    payback_words,
-    pick_baseline,
-    recorded,
-    view,
-)
+from autotune.tuner import snapshot
+from autotune.tuner.record import TrialRecord
+from autotune.tuner.results import compile_payback, efficiency, payback_words, rate_of
+from autotune.tuner.snapshot import StudySnapshot
 from autotune.tuner.stages import story
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
 PANELS = (
     "Optimization history",
@@ -56,14 +49,13 @@ _PARTS = (("data_wait", "data wait", "#ff7f0e"), ("comm_wait", "communication", 
           ("compute", "compute", "#1f77b4"))
 
 
-def panels(study: optuna.Study) -> list[tuple[str, Any]]:
+def panels(study: optuna.Study, snap: StudySnapshot | None = None) -> list[tuple[str, Any]]:
     """(title, plotly figure) for each panel, in PANELS order."""
-    trials = recorded(study)
-    views = [view(t) for t in trials]
-    limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
+    snap = snap or snapshot.read(study)
+    views, limit = list(snap.records), snap.limit
     figures = [_history(views), _rate_by_micro(views, limit), _memory_by_micro(views, limit),
                _importance(study), _parallel(views), _breakdown(views), _efficiency(views),
-               _timeline(trials), _top_table(views, limit), _forecasts(views)]
+               _timeline(views), _top_table(views, limit), _forecasts(views)]
     for title, fig in zip(PANELS, figures, strict=True):
         # Parallel coordinates put their axis labels above the plot: give them room.
         top = 60 if title == "Parallel coordinates" else 20
@@ -73,10 +65,9 @@ def panels(study: optuna.Study) -> list[tuple[str, Any]]:
 
 def build_dashboard(study: optuna.Study) -> str:
     """The dashboard's HTML: a header and one figure per panel, plotly.js inlined once."""
-    trials = recorded(study)
-    limit = int(study.user_attrs.get("memory_limit_bytes") or 0)
-    parts = [_header(study, trials, [view(t) for t in trials], limit)]
-    for i, (title, fig) in enumerate(panels(study)):
+    snap = snapshot.read(study)
+    parts = [_header(snap)]
+    for i, (title, fig) in enumerate(panels(study, snap)):
         parts.append(f'<section id="panel-{i}"><h2>{html.escape(title)}</h2>'
                      + fig.to_html(full_html=False, include_plotlyjs=i == 0,
                                    config={"displaylogo": False})
@@ -210,51 +201,51 @@ def serve(app: Any, port: int, on_ready: Any) -> None:
                 signal.signal(s, handler)
 
 
-def _header(study: optuna.Study, trials: list[FrozenTrial], views: list[TrialView],
-            limit: int) -> str:
-    fp = study.user_attrs.get("fingerprint") or {}
+def _header(snap: StudySnapshot) -> str:
+    fp = dict(snap.facts.fingerprint)
     where = describe_fingerprint(fp)
-    best, base = confirmed_winner(study, trials, limit), pick_baseline(trials)
-    rows = [("study", study.study_name), ("hardware", f"{where}, torch {fp.get('torch_version')}"),
+    best, base, limit = snap.winner, snap.baseline, snap.limit
+    rows = [("study", snap.name), ("hardware", f"{where}, torch {fp.get('torch_version')}"),
             ("memory limit", format_bytes(limit) if limit else "-")]
     if base is not None:
-        rows.append(("baseline", f"{view(base).config.describe()}: {_rate(base):,.2f} samples/s"))
+        rows.append(("baseline", f"{base.config.describe()}: {_rate(base):,.2f} samples/s"))
     if best is not None:
-        rows.append(("best", f"{view(best).config.describe()}: {_rate(best):,.2f} samples/s"))
-        if base is not None:
-            rows.append(("speedup", f"{_rate(best) / _rate(base):.2f}x (trials' own figures)"))
-    conf = confirmed(study, trials)
+        rows.append(("best", f"{best.config.describe()}: {_rate(best):,.2f} samples/s"))
+    if snap.speedup is not None:
+        rows.append(("speedup", snap.speedup.words()))
+    conf = snap.confirmation
     if conf is not None:
-        d = conf["decision"]
-        medians = ", ".join(f"#{c['trial']}{' (baseline)' if c['baseline'] else ''} "
-                            f"{c['median']:,.2f}" for c in conf["candidates"] if c["median"])
-        rows.append(("confirmed", f"{conf['rounds']} interleaved rounds, medians {medians}; "
-                                  f"winner #{d.get('winner_trial')} by {d.get('decided_by')}"))
-    if best is not None and view(best).mfu is not None:
-        m = best.user_attrs["measurement"]
-        rows.append(("MFU", f"{100 * (m.get('mfu') or 0):.1f}% of the measured peak "
-                            f"({m.get('peak_tflops'):g} TFLOP/s per device; "
-                            f"{m.get('flops_per_sample'):.3g} FLOPs/sample)"))
-    probe = study.user_attrs.get("probe")
+        d = conf.decision
+        medians = ", ".join(f"#{c.trial}{' (baseline)' if c.baseline else ''} "
+                            f"{c.median:,.2f}" for c in conf.candidates if c.median)
+        rows.append(("confirmed", f"{conf.rounds} interleaved rounds, medians {medians}; "
+                                  f"winner #{d.winner_trial} by {d.decided_by}"))
+    eff = efficiency(snap, best, rate_of(snap, best)) if best is not None else None
+    if eff is not None and eff.mfu is not None:
+        # The profile's MFU: at the confirmed samples/s when the winner was confirmed.
+        rows.append(("MFU", f"{100 * eff.mfu:.1f}% of the measured peak "
+                            f"({eff.peak_tflops:g} TFLOP/s per device; "
+                            f"{eff.flops_per_sample:.3g} FLOPs/sample)"))
+    probe = snap.facts.probe
     if probe:
         peaks = ", ".join(f"{k} {v:g}" for k, v in (probe.get("peak_tflops") or {}).items())
         rows.append(("probe", f"peak TFLOP/s {peaks or 'unknown'}"
                               + "".join(f"; {f}" for f in probe.get("flags", []))))
-    if best is not None and (payback := compile_payback(trials, best)) is not None:
+    if best is not None and (payback := compile_payback(snap, best)) is not None:
         rows.append(("compile", payback_words(payback)))
-    for line in story(views, _rate(base) if base is not None else None):
+    for line in story(list(snap.records), _rate(base) if base is not None else None):
         rows.append(("search step", line))
-    for finding in study.user_attrs.get("diagnosis") or []:
+    for finding in snap.facts.diagnosis:
         rows.append(("limits the winner", str(finding.get("text"))))
-    counts = Counter("ruled out" if v.predicted else v.status for v in views)
+    counts = Counter("ruled out" if v.predicted else v.status for v in snap.records)
     rows.append(("trials", ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
     cells = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>"
                     for k, v in rows)
     return f'<h1>autotune study</h1><table class="head">{cells}</table>'
 
 
-def _rate(t: FrozenTrial) -> float:
-    return float(t.user_attrs["measurement"]["samples_per_sec"])
+def _rate(t: TrialRecord) -> float:
+    return float(t.samples_per_sec or 0.0)
 
 
 def _go() -> Any:
@@ -263,7 +254,7 @@ def _go() -> Any:
     return go
 
 
-def _history(views: list[TrialView]) -> Any:
+def _history(views: list[TrialRecord]) -> Any:
     go = _go()
     fig = go.Figure()
     ok = [v for v in views if v.status == "ok" and v.samples_per_sec]
@@ -288,14 +279,14 @@ def _history(views: list[TrialView]) -> Any:
     return fig
 
 
-def _by_amp(views: list[TrialView]) -> dict[str, list[TrialView]]:
-    groups: dict[str, list[TrialView]] = {}
+def _by_amp(views: list[TrialRecord]) -> dict[str, list[TrialRecord]]:
+    groups: dict[str, list[TrialRecord]] = {}
     for v in views:
         groups.setdefault(v.config.amp, []).append(v)
     return groups
 
 
-def _rate_by_micro(views: list[TrialView], limit: int) -> Any:
+def _rate_by_micro(views: list[TrialRecord], limit: int) -> Any:
     go = _go()
     fig = go.Figure()
     for amp, group in _by_amp(views).items():
@@ -320,7 +311,7 @@ def _rate_by_micro(views: list[TrialView], limit: int) -> Any:
     return fig
 
 
-def _memory_by_micro(views: list[TrialView], limit: int) -> Any:
+def _memory_by_micro(views: list[TrialRecord], limit: int) -> Any:
     go = _go()
     fig = go.Figure()
     for amp, group in _by_amp(views).items():
@@ -372,7 +363,7 @@ def _importance(study: optuna.Study) -> Any:
     return fig
 
 
-def _parallel(views: list[TrialView]) -> Any:
+def _parallel(views: list[TrialRecord]) -> Any:
     go = _go()
     ok = [v for v in views if v.status == "ok" and v.samples_per_sec]
     amps = sorted({v.config.amp for v in ok})
@@ -392,7 +383,7 @@ def _parallel(views: list[TrialView]) -> Any:
               "showscale": True}, dimensions=dims))
 
 
-def _breakdown(views: list[TrialView]) -> Any:
+def _breakdown(views: list[TrialRecord]) -> Any:
     go = _go()
     ok = [v for v in views if v.status == "ok" and v.breakdown]
     labels = [f"#{v.number} {v.config.describe()}" for v in ok]
@@ -405,7 +396,7 @@ def _breakdown(views: list[TrialView]) -> Any:
     return fig
 
 
-def _efficiency(views: list[TrialView]) -> Any:
+def _efficiency(views: list[TrialRecord]) -> Any:
     """MFU per trial and, when the GPUs were watched, their mean GPU utilisation."""
     go = _go()
     ok = [v for v in views if v.status == "ok" and v.reused_from is None]
@@ -420,15 +411,15 @@ def _efficiency(views: list[TrialView]) -> Any:
     return fig
 
 
-def _timeline(trials: list[FrozenTrial]) -> Any:
+def _timeline(trials: list[TrialRecord]) -> Any:
     go = _go()
     fig = go.Figure()
     for t in trials:
-        if t.datetime_start is None or t.datetime_complete is None:
+        if t.started is None or t.completed is None:
             continue
-        status = t.user_attrs.get("status", "error")
-        seconds = (t.datetime_complete - t.datetime_start).total_seconds()
-        fig.add_bar(x=[seconds * 1000], base=[t.datetime_start], y=[f"#{t.number}"],
+        status = t.status
+        seconds = (t.completed - t.started).total_seconds()
+        fig.add_bar(x=[seconds * 1000], base=[t.started], y=[f"#{t.number}"],
                     orientation="h", marker_color=_STATUS_COLOURS.get(status), showlegend=False,
                     hovertext=f"#{t.number} {status}, {seconds:.1f}s")
     fig.update_xaxes(type="date", title="wall clock")
@@ -436,7 +427,7 @@ def _timeline(trials: list[FrozenTrial]) -> Any:
     return fig
 
 
-def _top_table(views: list[TrialView], limit: int) -> Any:
+def _top_table(views: list[TrialRecord], limit: int) -> Any:
     go = _go()
     ok = [v for v in views if v.status == "ok" and v.samples_per_sec and v.reused_from is None
           and (not limit or v.peak_memory_bytes <= limit)]
@@ -455,20 +446,20 @@ def _top_table(views: list[TrialView], limit: int) -> Any:
         cells={"values": cols}))
 
 
-def _forecasts(views: list[TrialView]) -> Any:
+def _forecasts(views: list[TrialRecord]) -> Any:
     """Each trial that ran or was ruled out: what the step-time and memory models predicted
     before it, beside what it measured (a ruled-out config has only the prediction)."""
     go = _go()
     rows = [v for v in views if v.reused_from is None]
 
-    def step(v: TrialView) -> str:
-        p = v.forecast.get("step")
+    def step(v: TrialRecord) -> str:
+        p = v.forecast.step
         if v.predicted and v.predicted_kind == "too_slow" and v.step_s:
             return f"{v.step_s:.3g}s (not run)"
-        return "-" if not p else f"{p['step_s']:.3g}s +-{100 * p['error']:.0f}%"
+        return "-" if not p else f"{p.step_s:.3g}s +-{100 * p.error:.0f}%"
 
-    def peak(v: TrialView) -> str:
-        p = v.forecast.get("peak_memory_bytes")
+    def peak(v: TrialRecord) -> str:
+        p = v.forecast.peak_memory_bytes
         return format_bytes(p) if p else "-"
 
     cols = [[f"#{v.number}" + (" (baseline)" if v.is_baseline else "") for v in rows],

@@ -25,7 +25,9 @@ from autotune.errors import UsageError
 from autotune.machine.hardware import compare_fingerprints, detect, hostname, process_identity
 from autotune.trial import launch
 from autotune.trial.merge import node_failure
-from autotune.tuner.fleet import NODE_REPORT, NODE_TRIAL, DeviceLock, trial_devices
+from autotune.tuner import record
+from autotune.tuner.fleet import DeviceLock, trial_devices
+from autotune.tuner.record import NODE_REPORT
 from autotune.tuner.storage import open_storage, redact, study_lock
 from autotune.workloads import builtin_workloads
 
@@ -42,7 +44,7 @@ def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str],
     storage = open_storage(storage_url)
     started = time.time()
     study = _wait_for_study(storage, study_name, started + wait_s, say, storage_url)
-    stored = study.user_attrs.get("fingerprint")
+    stored = record.read_facts(study).fingerprint
     if not isinstance(stored, dict) or not stored:
         raise UsageError(f"study {study_name} has no hardware fingerprint, so `autotune run` did "
                          "not create it: the agent serves only studies its tuner made")
@@ -61,7 +63,7 @@ def serve(storage_url: str, study_name: str, out_dir: Path, say: Callable[[str],
     say(f"agent on {hostname()} serving study {study_name} in {redact(storage_url)}")
     joined: set[str] = set()
     while True:
-        doc = study.user_attrs.get(NODE_TRIAL) or {}
+        doc = record.node_trial(study)
         if doc.get("state") == "closed" and doc.get("at", 0) > started:
             say(f"the tuner's run ended; {len(joined)} trial(s) joined")
             return len(joined)
@@ -138,7 +140,7 @@ def _join(study: optuna.Study, doc: dict[str, Any], out_dir: Path, say: Callable
             return None
         last[0] = now
         with contextlib.suppress(Exception):
-            current = study.user_attrs.get(NODE_TRIAL) or {}
+            current = record.node_trial(study)
             if current.get("id") != trial_id or current.get("state") != "running":
                 return "the tuner ended the trial"
         return None

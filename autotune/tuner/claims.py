@@ -9,12 +9,14 @@ import time
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.config.knobs import Config
 from autotune.machine.hardware import hostname, process_alive, process_identity
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.results import recorded
+from autotune.tuner import record
+from autotune.tuner.record import TrialRecord
+from autotune.tuner.snapshot import StudySnapshot
 from autotune.tuner.storage import (
     GRACE_S,
     fail_and_retry,
@@ -33,7 +35,7 @@ def claim(study: optuna.Study, storage: optuna.storages.BaseStorage,
     if not has_heartbeat(storage):
         # A retry carries the dead trial's last (stale) mark: beat now, not in a moment.
         trial.set_user_attr("alive_at", time.time())
-    if trial.user_attrs.get("interrupted"):
+    if record.was_interrupted(trial):
         trial.set_user_attr("interrupted", False)
         trial.set_user_attr("retry_of", retried_trial_number(storage, trial))
     return trial
@@ -45,7 +47,8 @@ def recover_dead(study: optuna.Study, storage: optuna.storages.BaseStorage) -> N
     host = hostname()
     own_heartbeat = not has_heartbeat(storage)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = t.user_attrs.get("worker") or {}
+        worker = record.worker_of(t)
+        owner = worker.owner
         if owner.get("host") == host:
             if process_alive(owner):
                 continue
@@ -53,7 +56,7 @@ def recover_dead(study: optuna.Study, storage: optuna.storages.BaseStorage) -> N
             continue
         else:
             start = t.datetime_start.timestamp() if t.datetime_start else time.time()
-            if time.time() - float(t.user_attrs.get("alive_at") or start) < GRACE_S:
+            if time.time() - (worker.alive_at or start) < GRACE_S:
                 continue
         fail_and_retry(study, storage, t, "its tuner process died")
     fail_stale(study)  # other hosts: by heartbeat
@@ -61,31 +64,20 @@ def recover_dead(study: optuna.Study, storage: optuna.storages.BaseStorage) -> N
 
 def enqueue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
     """Queue the baseline once: a baseline that ran (even to an OOM) is not run again."""
-    trials = study.get_trials(deepcopy=False)
-    pending = any(t.user_attrs.get("baseline") and t.state in
-                  (TrialState.WAITING, TrialState.RUNNING) for t in trials)
-    ran = any(t.user_attrs.get("baseline") for t in recorded(study))
-    if not ran and not pending:
+    if not record.baseline_pending(study):
         study.enqueue_trial(params, user_attrs={"baseline": True})
 
 
-def is_twin(t: FrozenTrial, config: Config, settings: MeasureSettings) -> bool:
-    """Whether ``t`` measured exactly ``config`` with these measuring settings."""
-    return t.user_attrs.get("reused_from") is None \
-        and t.user_attrs.get("config") == config.to_dict() \
-        and MeasureSettings.same(t.user_attrs.get("measure_settings"), settings)
-
-
-def measured_twin(study: optuna.Study, config: Config,
-                  settings: MeasureSettings) -> FrozenTrial | None:
+def measured_twin(snap: StudySnapshot, config: Config,
+                  settings: MeasureSettings) -> TrialRecord | None:
     """An earlier trial of exactly this config, measured with the same settings: its outcome
     (ok, oom, timeout or error) is reused, not re-run. TPE ignores failed trials and may
     propose them again."""
-    return next((t for t in recorded(study) if is_twin(t, config, settings)), None)
+    return next((r for r in snap.records if r.reused_from is None and r.config == config
+                 and MeasureSettings.same(r.measure_settings, settings)), None)
 
 
 def running_twins(study: optuna.Study, number: int, config: Config,
                   settings: MeasureSettings) -> list[int]:
     """Other trials measuring exactly ``config`` now (on other workers of a fleet)."""
-    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.number != number and is_twin(t, config, settings)]
+    return record.running_twins(study, number, config, settings)

@@ -19,91 +19,78 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import Config
 from autotune.profile import Profile
 from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
+from autotune.tuner import snapshot
 from autotune.tuner.budget import confirm_settings, hard_timeout
-from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
-from autotune.tuner.results import (
-    build_profile,
-    confirmed,
-    confirmed_winner,
-    measured,
-    pick_baseline,
-    recorded,
-    startup_of,
-)
-from autotune.tuner.search import (
+from autotune.tuner.confirmation import (
     Candidate,
     confirmation_seconds,
     decide,
     plan_confirmation,
     settled,
 )
+from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
+from autotune.tuner.results import build_profile
+from autotune.tuner.snapshot import StudySnapshot
 
 # (config, workdir, timeout, settings) -> the measurement of one fresh trial process
 MeasureOne = Callable[[Config, Path, float, MeasureSettings], Measurement]
 
 
-def round_settings(trials: list[FrozenTrial], c: Candidate,
+def round_settings(snap: StudySnapshot, c: Candidate,
                    settings: MeasureSettings) -> MeasureSettings:
     """How ``c`` is measured in each round: longer windows, a budget sized to its steps."""
-    t = next(t for t in trials if t.number == c.number)
-    rate = t.user_attrs["measurement"].get("samples_per_sec")
-    return confirm_settings(settings, c.config.samples_per_step / rate if rate else None)
+    r = snap.trial(c.number)
+    return confirm_settings(settings, r.step_s if r is not None else None)
 
 
-def costs(trials: list[FrozenTrial], cands: list[Candidate],
+def costs(snap: StudySnapshot, cands: list[Candidate],
           settings: MeasureSettings) -> dict[int, float]:
     """What one round of each candidate costs: its trial's start-up (wall time less warm-up
     and windows; half the wall time where the trial did not say) and its round's budget."""
     out = {}
     for c in cands:
-        t = next(t for t in trials if t.number == c.number)
-        startup = startup_of(t)
+        r = snap.trial(c.number)
+        assert r is not None
+        startup = r.startup_s
         if startup is None:
-            startup = 0.5 * float(t.user_attrs["measurement"].get("wall_s") or 0.0)
+            startup = 0.5 * r.wall_s
         # A compiled config compiles again in each round's fresh process (from the study's
         # cache, usually quicker): its trial's compiling step is the estimate.
-        compiling = float((t.user_attrs["measurement"].get("timings") or {})
-                          .get("compile_step_s", 0.0))
-        out[c.number] = startup + compiling + round_settings(trials, c, settings).max_seconds
+        compiling = r.compile_step_s or 0.0
+        out[c.number] = startup + compiling + round_settings(snap, c, settings).max_seconds
     return out
 
 
-def candidates(trials: list[FrozenTrial], limit: int, top: int) -> list[Candidate]:
+def candidates(snap: StudySnapshot, top: int) -> list[Candidate]:
     """The ``top`` configs by their trial (distinct, ok, within the limit) and the baseline."""
-    ok = [t for t in measured(trials) if t.user_attrs.get("status") == "ok"
-          and t.user_attrs["measurement"]["peak_memory_bytes"] <= limit]
-    ok.sort(key=lambda t: -t.user_attrs["measurement"]["samples_per_sec"])
-    chosen = ok[:top]
-    base = pick_baseline(trials)
-    if base is not None and base.number not in {t.number for t in chosen}:
+    chosen = snap.ok_within_limit()[:top]
+    base = snap.baseline
+    if base is not None and base.number not in {r.number for r in chosen}:
         chosen.append(base)
-    return [Candidate(t.number, Config.from_dict(t.user_attrs["config"]),
-                      is_baseline=bool(t.user_attrs.get("baseline"))) for t in chosen]
+    return [Candidate(r.number, r.config, is_baseline=r.is_baseline) for r in chosen]
 
 
-def reserve(trials: list[FrozenTrial], limit: int, top: int, rounds: int,
-            timeout_s: float | None, settings: MeasureSettings) -> float:
+def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
+            settings: MeasureSettings) -> float:
     """Seconds of the --timeout kept for the confirmation. Nothing before the first trial (the
     baseline runs whatever the budget: without it there is nothing to confirm against); then
     CONFIRM_SHARE of it; once two configs measured ok, what the largest plan within that share
     needs, or, when even the smallest plan (the best and the baseline, twice) needs more, that
     much up to CONFIRM_MAX_SHARE; nothing beyond it (the run then says it could not confirm)."""
-    if top <= 0 or not timeout_s or not measured(trials):
+    if top <= 0 or not timeout_s or not snap.measured:
         return 0.0
     share = CONFIRM_SHARE * timeout_s
-    cands = candidates(trials, limit, top)
+    cands = candidates(snap, top)
     if len(cands) < 2:
         return share
-    cost = costs(trials, cands, settings)
+    cost = costs(snap, cands, settings)
     plan = plan_confirmation(cands, cost, rounds, share)
     if not isinstance(plan, str):
         return min(share, confirmation_seconds(plan[0], cost, plan[1]))
@@ -119,17 +106,17 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     """Re-measure the top configs and the baseline interleaved and record the decision on the
     study (``confirmation``); returns why it did not, when it did not. ``settings`` are the
     search's: the rounds' windows are twice as long."""
-    trials = recorded(study)
-    if top <= 0 or confirmed(study, trials) is not None:
+    snap = snapshot.read(study, limit)
+    if top <= 0 or snap.confirmation is not None:
         return None
-    cands = candidates(trials, limit, top)
-    plan = plan_confirmation(cands, costs(trials, cands, settings), rounds,
+    cands = candidates(snap, top)
+    plan = plan_confirmation(cands, costs(snap, cands, settings), rounds,
                              None if deadline is None else deadline - time.monotonic())
     if isinstance(plan, str):
         return plan
     cands, planned = plan
     longer = settings.with_longer_windows()
-    each = {c.number: round_settings(trials, c, settings) for c in cands}
+    each = {c.number: round_settings(snap, c, settings) for c in cands}
     for c in cands:
         c.measure = each[c.number].to_dict()
     done, stopped = 0, None
@@ -157,7 +144,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
                 "needed for a spread")
     decision = decide(cands, limit, headroom)
     study.set_user_attr("confirmation", {
-        "measured_trials": len(measured(trials)), "rounds": done, "planned_rounds": planned,
+        "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
         "stopped_early": stopped,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
@@ -190,25 +177,14 @@ def _round(r: int, rounds: int, cands: list[Candidate],
     return results
 
 
-def export(study: optuna.Study, limit: int, storage: str, global_batch: int | None,
+def export(study: optuna.Study, snap: StudySnapshot, storage: str, global_batch: int | None,
            path: Path) -> Profile | None:
-    """Write the profile of the confirmed winner, else of the best trial, to ``path``; None
-    when nothing has been measured successfully yet."""
-    trials = recorded(study)
-    best = confirmed_winner(study, trials, limit)
-    if best is None:
+    """Write the profile of the confirmed winner, else of the best trial, of the study as
+    ``snap`` read it, to ``path``; None when nothing has been measured successfully yet."""
+    profile = build_profile(snap, storage, global_batch)
+    if profile is None:
         return None
-    profile = build_profile(study, best, pick_baseline(trials), trials, limit, storage,
-                            global_batch, confirmed(study, trials))
     profile.save(path)
-    if study.user_attrs.get("diagnosis") != profile.diagnosis:
+    if list(snap.facts.diagnosis) != profile.diagnosis:
         study.set_user_attr("diagnosis", profile.diagnosis)  # for the dashboard
     return profile
-
-
-def speedup_side_by_side(profile: Profile | None, conf: dict[str, Any] | None) -> float | None:
-    """The profile's speedup when it is the confirmation's side-by-side ratio (the baseline ran
-    in it), else None."""
-    side_by_side = conf is not None and any(c["baseline"] and c["median"]
-                                            for c in conf["candidates"])
-    return profile.speedup if profile and side_by_side else None

@@ -9,7 +9,6 @@ fp16 under autocast, else fp32), times the GPUs a trial uses (ranks on one CPU s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -56,6 +55,11 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+        return cls(str(d.get("kind") or ""), str(d.get("text") or ""),
+                   dict(d.get("evidence") or {}))
+
 
 def mfu(samples_per_sec: float | None, flops_per_sample: float | None,
         peak_tflops: float | None, world_size: int, device: str) -> float | None:
@@ -89,12 +93,12 @@ def _dtype(config: Config) -> str:
     return config.amp if config.amp in ("bf16", "fp16") else "fp32"
 
 
-def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit: int,
+def diagnose(measurement: Measurement, config: Config, *, device: str, limit: int,
              probe: dict[str, Any] | None = None,
              larger_over_limit: MemoryWall | None = None,
              tried: Tried | None = None,
              unapplied: Mapping[str, str] | None = None) -> list[Finding]:
-    """What limits ``config``, from its stored measurement (``Measurement.to_dict()``), the
+    """What limits ``config``, from its measurement (with the MFU the tuner computed), the
     memory limit, the probe's summary and, when the study has one, the smallest larger
     micro-batch that passed the limit. Never empty: when nothing else holds it back, the
     config is compute-bound, or, when a wait was not measured, unexplained. Only measurements
@@ -103,29 +107,29 @@ def diagnose(measurement: dict[str, Any], config: Config, *, device: str, limit:
     measured configs) says when that test already ran and what it measured; ``unapplied`` (a
     script's knobs it never applies, with the reasons) says when the study cannot run it."""
     m, c, probe = measurement, config, probe or {}
-    test = _Tests(c, m.get("samples_per_sec"), tried, unapplied)
-    shares = m.get("breakdown") or {}
+    test = _Tests(c, m.samples_per_sec, tried, unapplied)
+    shares = m.breakdown or {}
     # A wait no window measured is unknown (a script that does not report it), never 0%; with
     # one rank there is no all-reduce to wait for.
     data = shares.get("data_wait")
     comm = shares.get("comm_wait", 0.0 if c.world_size == 1 else None)
-    peak_mem = int(m.get("peak_memory_bytes") or 0)
+    peak_mem = int(m.peak_memory_bytes or 0)
     used = peak_mem / limit if limit else 0.0
     found = [f for f in (
-        _input_bound(data, c, device, (m.get("gpu") or {}).get("gpu_util_mean"), test)
+        _input_bound(data, c, device, (m.gpu or {}).get("gpu_util_mean"), test)
         if data is not None else None,
         _communication_bound(comm, c, probe, test) if comm is not None else None,
         _memory_bound(peak_mem, used, limit, larger_over_limit)) if f is not None]
     wall = larger_over_limit
     found += _probe_flags(probe, device)
-    low, evidence = _efficiency(m.get("mfu"), m.get("peak_tflops"), c, device, probe,
+    low, evidence = _efficiency(m.mfu, m.peak_tflops, c, device, probe,
                                 bool(found), test)
     if low is not None:
         found.append(low)
     if not found:
-        share = m.get("mfu")
+        share = m.mfu
         what = (f"MFU {100 * share:.0f}% of the measured {_dtype(c)} peak" if share is not None
-                else "no MFU (a script's FLOPs are not counted)" if m.get("script")
+                else "no MFU (a script's FLOPs are not counted)" if m.script
                 else "no MFU (no FLOPs figure or no probe)")
         predicted = f"; {wall.words()}" if wall is not None and not wall.measured else ""
         accumulate = test.accumulation()
@@ -157,13 +161,17 @@ def _share(value: float | None) -> str:
     return "unknown (not reported)" if value is None else f"{100 * value:.0f}%"
 
 
-# What the study measured, by config: Config.to_dict() as sorted JSON -> {"trial", "status",
-# "samples_per_sec"} (results.tried builds it).
-Tried = Mapping[str, Mapping[str, Any]]
+@dataclass(frozen=True)
+class TriedConfig:
+    """What the study measured of one config: the trial, its outcome, its samples/sec (ok)."""
+
+    trial: int
+    status: str
+    samples_per_sec: float | None
 
 
-def config_key(config: Config) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
+# What the study measured, by config (StudySnapshot.tried builds it).
+Tried = Mapping[Config, TriedConfig]
 
 
 class _Tests:
@@ -179,13 +187,13 @@ class _Tests:
         cannot = [self.unapplied[k] for k in knobs if k in self.unapplied]
         if cannot:  # the script never applies that knob: no trial of this study can test it
             return f"test: {words}; not run by this study: {cannot[0]}"
-        seen = self.tried.get(config_key(replace(self.config, **knobs)))
+        seen = self.tried.get(replace(self.config, **knobs))
         if seen is None:
             return f"test: {words}"
-        got = seen.get("samples_per_sec")
-        what = seen.get("status", "?") if not got else f"{got:.4g} samples/s" + (
+        got = seen.samples_per_sec
+        what = seen.status if not got else f"{got:.4g} samples/s" + (
             f", {got / self.rate:.2f}x this config" if self.rate else "")
-        return f"test: {words}; measured already, trial {seen.get('trial')}: {what}"
+        return f"test: {words}; measured already, trial {seen.trial}: {what}"
 
     def workers(self, rest: str) -> str:
         """More loader workers (at least 2), with their prefetching."""

@@ -32,6 +32,8 @@ from autotune.trial import launch
 from autotune.trial.launch import Nodes, TrialPlan
 from autotune.trial.measurement import RawResult
 from autotune.trial.merge import node_cause
+from autotune.tuner import record
+from autotune.tuner.record import NODE_TRIAL
 from autotune.tuner.storage import open_lock_file
 
 LOCK_POLL_S = 0.2
@@ -168,8 +170,8 @@ def trial_devices(device: str, visible: list[int],
 
 # -- trials across machines ----------------------------------------------------------------------
 
-NODE_TRIAL = "node_trial"  # the study attribute through which other nodes' agents join trials
-NODE_REPORT = "node_report"  # prefix of the attributes where agents say how their part ended
+# NODE_TRIAL: the study attribute through which other nodes' agents join trials; NODE_REPORT:
+# the prefix of the attributes where agents say how their part ended.
 NODE_REPORT_WAIT_S = 10.0  # how long a failed trial across machines waits for those reports
 
 
@@ -207,9 +209,8 @@ def with_other_nodes(study: optuna.Study, p: TrialPlan, raw: RawResult,
         return raw
     deadline = time.monotonic() + NODE_REPORT_WAIT_S
     while True:
-        attrs = study.user_attrs  # read anew from the storage each time
-        reports = [v for k, v in attrs.items() if k.startswith(f"{NODE_REPORT}:")
-                   and isinstance(v, dict) and v.get("id") == p.rdzv_id]
+        reports = [v for v in record.node_reports(study)  # read anew from the storage
+                   if isinstance(v, dict) and v.get("id") == p.rdzv_id]
         if len(reports) >= nodes.count - 1 or time.monotonic() > deadline:
             break
         time.sleep(0.5)

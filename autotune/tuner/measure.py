@@ -24,7 +24,7 @@ from autotune.trial.command import Command
 from autotune.trial.launch import Nodes
 from autotune.trial.measurement import Measurement, classify
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
-from autotune.tuner import fleet
+from autotune.tuner import fleet, record
 from autotune.tuner.diagnosis import with_efficiency
 from autotune.tuner.search import prune_reason
 from autotune.workloads import WorkloadSpec
@@ -84,7 +84,7 @@ class Measurer:
                 on_event(e)
 
         # A script's FLOPs are not counted (autotune does not hold its model): no MFU.
-        flops = self.study.user_attrs.get("flops") or {}
+        flops = record.read_facts(self.study).flops
         spec = TrialSpec(self.workload, config, self.hw.device, settings,
                          memory_limit_bytes=self.limit,
                          address_space_bytes=self.address_space_bytes,
@@ -122,7 +122,7 @@ class Measurer:
         """The config as the profile a script's trial loads (``AUTOTUNE_PROFILE``): like an
         exported one, marked as a candidate with nothing measured yet."""
         return Profile(
-            workload=dict(self.study.user_attrs.get("workload") or {}), config=config,
+            workload=dict(record.read_facts(self.study).workload), config=config,
             env=env_for(config), result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
             fingerprint=self.hw.fingerprint(),
             provenance={"study": self.study.study_name, "trial": workdir.name,

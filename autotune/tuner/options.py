@@ -1,27 +1,32 @@
-"""What ``autotune run`` takes, checked all at once.
+"""What ``autotune run`` takes, declared once and checked all at once.
 
-``RunOptions`` holds a run's options as typed values, defaults included; ``problems`` checks
-every one of them against the rules and this machine and returns every problem found, so a
-command line with three mistakes gets one error naming all three; ``from_flags`` turns the CLI's
-text (durations, ``name=value`` params) into options and checks them in the same pass.
+``RunOptions`` holds a run's options as typed values, defaults included; each field that the
+command line sets carries its ``Flag`` (names, help, and how the flag's text becomes the value),
+from which the CLI builds ``autotune run``'s parameters. ``problems`` checks every option against
+the rules and this machine and returns every problem found, so a command line with three mistakes
+gets one error naming all three; ``from_flags`` reads the flags' values into options and checks
+them in the same pass.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from autotune.config.space import check_global_batch
 from autotune.errors import UsageError
+from autotune.flags import DURATION, BoundFlag, Flag, Form, flags, flags_of, option, read_flags
 from autotune.machine.hardware import Hardware
 from autotune.paths import control_characters, study_folder
 from autotune.trial.command import parse_command
 from autotune.trial.launch import Nodes
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.search import HEADROOM, PATIENCE
-from autotune.units import SIZE_UNITS, format_bytes, format_duration, parse_duration, parse_size
+from autotune.units import SIZE_UNITS, format_bytes, format_duration, parse_size
+from autotune.workloads import parse_params
 
 DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a 2-core CPU
 DEFAULT_TRIAL_TIMEOUT_S = 180.0
@@ -30,6 +35,8 @@ CONFIRM_ROUNDS = 3  # interleaved rounds of that re-measurement
 CONFIRM_SHARE = 0.4  # this share of a --timeout is kept for the confirmation from the start
 CONFIRM_MAX_SHARE = 0.6  # ... and up to this share when its smallest plan needs more
 STUDIES = Path("studies")
+# A workload parameter's value, as ``--param name=value`` reads it.
+WorkloadParam = int | float | bool | str | None
 
 
 def default_storage(studies_dir: Path = STUDIES) -> str:
@@ -40,38 +47,93 @@ def default_storage(studies_dir: Path = STUDIES) -> str:
 DEFAULT_STORAGE = default_storage()
 
 
+def _command(words: list[str] | None, flag: str) -> tuple[str, ...]:
+    words = words or []  # click keeps the -- once options stop being parsed
+    return tuple(words[1:] if words[:1] == ["--"] else words)
+
+
+# The forms of flags whose command-line value is not the field's: name=value words, the words
+# after --, and a count where 0 means none.
+PARAMS = Form(list[str] | None, lambda items, _: parse_params(items or []), lambda _: None, {})
+COMMAND = Form(list[str] | None, _command, lambda _: None, ())
+NEVER_IF_ZERO = Form(int, lambda n, _: n or None, lambda n: n or 0, None)
+
+
 @dataclass(frozen=True)
 class RunOptions:
-    """Everything ``autotune run`` takes; the defaults are the CLI's."""
+    """Everything ``autotune run`` takes, in the order its --help lists the flags; the defaults
+    are the CLI's."""
 
-    model: str = "bert"
-    params: dict[str, Any] = field(default_factory=dict)
-    space: str = "default"
-    storage: str | None = None  # default: default_storage(studies_dir)
-    study_name: str | None = None
-    trials: int | None = None  # the study's total; rerunning the command resumes towards it
-    timeout_s: float | None = None  # wall time of this invocation (DEFAULT_TIMEOUT_S w/o trials)
-    memory_limit: str | None = None  # a size or a fraction, as the flag takes it
-    out_dir: Path | None = None
+    model: str = option("bert", "--model", "-m", help=(
+        "Built-in workload (see `autotune list`), pkg.module:function, or path/to/file.py"))
+    params: Mapping[str, WorkloadParam] = field(default_factory=dict, metadata=flags(Flag(
+        ("--param", "-p"), "Workload parameter name=value, repeatable (--param seq_len=256)",
+        PARAMS)))
+    space: str = option("default", "--space", help="Search space: built-in name or YAML file")
+    storage: str | None = option(None, "--storage", help=(  # default: default_storage(studies_dir)
+        f"Optuna storage URL (default: {DEFAULT_STORAGE})"))
+    study_name: str | None = option(None, "--study", help=(
+        "Study name (default: workload-space-<hash of params, space, hardware>)"))
+    trials: int | None = option(None, "--trials", help=(
+        "Measured trials the study should have (repeats of a measured config do not count); "
+        "rerunning the command resumes towards it"))
+    timeout_s: float | None = option(None, "--timeout", form=DURATION, help=(
+        "Wall-time budget of this run, e.g. 10m (default: 12m when --trials is not given)"))
+    nproc: int | None = option(None, "--nproc", help=(
+        "Ranks per trial, started through torchrun (nccl on GPUs, gloo on CPU) (default: one per "
+        "visible GPU, 1 on CPU)"))
+    nnodes: int = option(1, "--nnodes", help=(
+        "Machines per trial, each running --nproc ranks, meeting at torchrun's c10d rendezvous "
+        "(--rdzv-endpoint); the other machines run `autotune agent`, or --launcher starts them"))
+    rdzv_endpoint: str | None = option(None, "--rdzv-endpoint", help=(
+        "HOST:PORT of the rendezvous of trials across machines (with --nnodes)"))
+    launcher: str | None = option(None, "--launcher", help=(
+        "Cluster launcher template that starts {cmd} (torchrun) on every node of a trial, e.g. "
+        "'srun --nodes 2 --ntasks-per-node 1 {cmd}' (with --nnodes)"))
+    global_batch: int | None = option(None, "--global-batch", help=(
+        "Keep micro-batch x accumulation x ranks at this many samples per optimizer step "
+        "(accumulation is derived), so tuning never changes the training semantics"))
+    memory_limit: str | None = option(None, "--memory-limit", help=(
+        "Memory limit: a size (20GiB) or a fraction (0.8); per rank on GPUs, for all ranks "
+        "together on CPU, where they share the RAM (default: 90% of GPU memory, 80% of "
+        "available RAM on CPU)"))
+    out_dir: Path | None = option(None, "--out", help=(
+        "Directory for the profile and trial logs (default: studies/<study>)"))
+    seed: int = option(0, "--seed", help="Sampler seed")
+    trial_timeout_s: float = option(DEFAULT_TRIAL_TIMEOUT_S, "--trial-timeout", form=DURATION,
+                                   help="Hard limit per trial (process start to exit)")
+    # Its defaults live in trial.spec; two flags set two of its settings.
+    measure: MeasureSettings = field(default_factory=MeasureSettings, metadata=flags(
+        Flag(("--trial-seconds",), "Measuring budget per trial, warm-up included",
+             part="max_seconds"),
+        Flag(("--window-seconds",), "Minimum length of one timed window", part="min_window_s"),
+    ))
+    # --patience 0 never stops early, which the options say as None.
+    patience: int | None = option(PATIENCE, "--patience", form=NEVER_IF_ZERO, help=(
+        "Stop when this many trials in a row beat the best by no more than the noise (0: never "
+        "stop early)"))
+    confirm_top: int = option(CONFIRM_TOP, "--confirm-top", help=(
+        "Configs re-measured at the end, interleaved with the baseline, to pick the winner (0: "
+        "no confirmation)"))
+    confirm_rounds: int = option(CONFIRM_ROUNDS, "--confirm-rounds",
+                                help="Interleaved rounds of that re-measurement")
+    prune: bool = option(True, "--prune/--no-prune",
+                        help="Stop trials whose first windows are clearly below the best")
+    probe: bool = option(True, "--probe/--no-probe", help=(
+        "Read this machine's measured peaks (probing it once per fingerprint, seconds on a CPU) "
+        "for MFU and the diagnosis"))
+    # The user's training script, run as each trial (``autotune run -- CMD``); empty: --model.
+    command: tuple[str, ...] = option((), "command", form=COMMAND, argument=True, help=(
+        "Your own training script, after --, run as typed as each trial: e.g. -- torchrun "
+        "--nproc-per-node 2 train.py --data d/. The script must load the candidate with "
+        "autotune.load_profile(), apply it with the profile's methods, and report each optimizer "
+        "step: autotune.step() and autotune.should_stop(), or AutotuneCallback from "
+        "autotune.integrations.hf / autotune.integrations.lightning"))
+    # Not flags: set by the runner, tests and benchmarks.
     studies_dir: Path = STUDIES
-    seed: int = 0
-    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
-    nproc: int | None = None  # ranks per trial; None: one per visible GPU, 1 on CPU
-    global_batch: int | None = None  # keep micro x accumulation x ranks at this value
-    measure: MeasureSettings = field(default_factory=MeasureSettings)
-    patience: int | None = PATIENCE  # stop after this many trials with no win beyond the noise
-    confirm_top: int = CONFIRM_TOP
-    confirm_rounds: int = CONFIRM_ROUNDS
     headroom: float = HEADROOM  # share of the memory limit the exported config keeps free
-    prune: bool = True  # stop trials whose first windows are clearly below the best
     address_space_bytes: int | None = None  # RLIMIT_AS for trial processes (tests)
     hardware: Hardware | None = None  # detected when None
-    probe: bool = True  # read the machine's peaks (probing it once) for MFU and the diagnosis
-    nnodes: int = 1  # machines per trial; each runs --nproc ranks (torchrun, c10d rendezvous)
-    rdzv_endpoint: str | None = None  # host:port of the rendezvous, for --nnodes > 1
-    launcher: str | None = None  # a cluster launcher's command template with {cmd}
-    # The user's training script, run as each trial (``autotune run -- CMD``); empty: --model.
-    command: tuple[str, ...] = ()
 
     @property
     def storage_url(self) -> str:
@@ -224,34 +286,18 @@ def _raise(found: list[str]) -> None:
         raise UsageError(f"{len(found)} problems with the options: " + "; ".join(found))
 
 
-def from_flags(*, hw: Hardware, param: list[str], timeout: str | None, trial_timeout: str,
-               trial_seconds: float, window_seconds: float, patience: int,
-               **values: Any) -> RunOptions:
-    """Options from the CLI's flags (durations and ``name=value`` params as text, the rest as
-    typed values named as RunOptions' fields), every problem raised together."""
-    from autotune.workloads import parse_params
+@functools.cache
+def run_flags() -> tuple[BoundFlag, ...]:
+    """Every flag of ``autotune run``, in the order its --help lists them."""
+    return flags_of(RunOptions)
 
+
+def from_flags(values: Mapping[str, object], hw: Hardware) -> RunOptions:
+    """Options from ``autotune run``'s parameter values, as the command line hands them over
+    (named as ``BoundFlag.param`` names them; one not given keeps its default), every problem
+    raised together."""
     found: list[str] = []
-
-    def duration(text: str | None, flag: str) -> float | None:
-        try:
-            return None if text is None else parse_duration(text, flag)
-        except ValueError as exc:
-            found.append(str(exc))
-            return None
-
-    params: dict[str, Any] = {}
-    try:
-        params = parse_params(param)
-    except UsageError as exc:
-        found.append(str(exc))
-    hard = duration(trial_timeout, "--trial-timeout")
-    opts = RunOptions(
-        params=params, timeout_s=duration(timeout, "--timeout"),
-        # Unparsed, it is already one problem: no bound, so the 2/3 rule does not add another.
-        trial_timeout_s=hard if hard is not None else math.inf,
-        measure=MeasureSettings(max_seconds=trial_seconds, min_window_s=window_seconds),
-        patience=patience or None, hardware=hw, **values)
+    opts = read_flags(RunOptions, run_flags(), values, found, hardware=hw)
     _raise(found + problems(opts, hw))
     return opts
 

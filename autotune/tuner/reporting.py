@@ -12,8 +12,10 @@ from autotune.config.space import NarrowedSpace
 from autotune.errors import AutotuneError
 from autotune.machine.hardware import Hardware
 from autotune.trial.measurement import Measurement
-from autotune.tuner.results import TrialView
-from autotune.tuner.search import Candidate
+from autotune.tuner.confirmation import Candidate, Confirmation
+from autotune.tuner.diagnosis import Finding
+from autotune.tuner.record import TrialRecord
+from autotune.tuner.snapshot import Speedup
 
 
 @dataclass
@@ -36,25 +38,21 @@ class RunSummary:
     storage: str
     out_dir: Path
     profile_path: Path | None
-    best: TrialView | None
-    baseline: TrialView | None
-    trials: list[TrialView]
+    best: TrialRecord | None  # the winner: the confirmation's, else the fastest trial
+    baseline: TrialRecord | None
+    trials: list[TrialRecord]
     wall_s: float
     interrupted: bool = False
     stop_reason: str = ""
-    confirmation: dict[str, Any] | None = None  # as recorded in the study and the profile
-    confirmed_speedup: float | None = None  # winner / baseline, measured side by side
+    confirmation: Confirmation | None = None  # when it covers the study's trials
+    # The profile's speedup and its kind: side by side when confirmed (1.0 when no config beat
+    # the baseline beyond the noise), the search trials' own ratio when unconfirmed; None when
+    # one of those trials had a single window (or nothing is exported).
+    speedup: Speedup | None = None
     confirm_skipped: str | None = None  # why this run did not confirm, when it did not
     dashboard: str = ""  # its path, or why it was not written; "" without a dashboard writer
-    diagnosis: list[dict[str, Any]] = field(default_factory=list)  # what limits the winner
-    # The profile's speedup: side by side when confirmed, 1.0 when no config beat the baseline
-    # beyond the noise, the trials' own ratio when unconfirmed, None when one of those trials
-    # had a single window (or nothing is exported).
-    exported_speedup: float | None = None
-
-    @property
-    def speedup(self) -> float | None:
-        return self.exported_speedup
+    diagnosis: list[Finding] = field(default_factory=list)  # what limits the winner
+    mfu: float | None = None  # the winner's, at the profile's (confirmed) samples/s
 
 
 class Reporter(Protocol):
@@ -62,7 +60,7 @@ class Reporter(Protocol):
     def trial_started(self, number: int, index: int, total: int | None, config: Config,
                       is_baseline: bool, timeout_s: float) -> None: ...
     def trial_event(self, event: dict[str, Any]) -> None: ...
-    def trial_finished(self, view: TrialView, best: TrialView | None) -> None: ...
+    def trial_finished(self, view: TrialRecord, best: TrialRecord | None) -> None: ...
     def confirming(self, round_index: int, rounds: int, candidate: Candidate,
                    measurement: Measurement) -> None: ...
     def note(self, line: str) -> None: ...

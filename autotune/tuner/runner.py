@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.config.knobs import Config, oversubscribed, unapplied
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
@@ -34,34 +34,31 @@ from autotune.profile import Profile
 from autotune.trial.command import parse_command
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner import budget, claims, confirm, fleet, options, record, stages, storage
-from autotune.tuner.diagnosis import config_key
+from autotune.tuner import (
+    budget,
+    claims,
+    confirm,
+    fleet,
+    options,
+    record,
+    snapshot,
+    stages,
+    storage,
+    verdict,
+)
+from autotune.tuner.diagnosis import Finding
 from autotune.tuner.measure import Measurer
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
-from autotune.tuner.results import (
-    TrialView,
-    compile_costs,
-    confirmed,
-    confirmed_winner,
-    diagnose_trial,
-    measured,
-    observations,
-    pick_baseline,
-    pick_best,
-    recorded,
-    shortest_useful_trial,
-    startup_costs,
-    view,
-)
+from autotune.tuner.results import diagnose_record
 from autotune.tuner.search import (
     MemoryModel,
-    Observation,
     Proposal,
     noise_of,
     since_improvement,
     staged_next,
 )
+from autotune.tuner.snapshot import StudySnapshot
 from autotune.tuner.study import Identity, default_name, open_study
 from autotune.units import format_duration
 from autotune.workloads import WorkloadSpec, declared_knobs, resolve, script_workload
@@ -130,7 +127,7 @@ class Runner:
             on_wait=lambda line: self.reporter.note(line),
             address_space_bytes=opts.address_space_bytes, command=self.command)
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
-        self.space = self.space.fix(self.study.user_attrs.get("unapplied") or {}, self.baseline)
+        self.space = self.space.fix(dict(record.read_facts(self.study).unapplied or {}), self.baseline)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -141,7 +138,7 @@ class Runner:
             self._enqueue_baseline()
         self.reporter.started(StartInfo(
             self.study_name, storage.redact(self.storage_url), self.hw, self.space, self.limit,
-            self.budget_text(), len(measured(recorded(self.study))), self.out_dir,
+            self.budget_text(), len(self._read().measured), self.out_dir,
             self.opts.trials, self.opts.timeout_s))
         deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
         self._probe_machine()
@@ -162,18 +159,20 @@ class Runner:
 
     def _trials(self, deadline: float | None) -> tuple[bool, str]:
         """Ask, claim, measure and record trials until a stop rule says stop; returns
-        (interrupted, why it stopped)."""
+        (interrupted, why it stopped). The study is read once per trial, under the lock."""
         twins_in_a_row = 0
         while True:
             remaining = deadline - time.monotonic() if deadline else None
             # Deciding whether to go on and claiming the next trial read the study and write it:
             # under the study lock, so a fleet's workers never both take the last trial.
             with self._locked():
-                stop_reason = self._stop_reason(remaining, twins_in_a_row)
+                self._recover_dead_trials()
+                snap = self._read()
+                stop_reason = self._stop_reason(snap, remaining, twins_in_a_row)
                 trial = None if stop_reason else self._claim(self._ask())
             if trial is None:
                 return False, stop_reason
-            reserve = self._confirmation_reserve(recorded(self.study))
+            reserve = self._confirmation_reserve(snap)
             try:
                 with storage.beating(self.study, trial):
                     reused = self._run_trial(trial, None if remaining is None
@@ -188,38 +187,40 @@ class Runner:
                 reused = False
             twins_in_a_row = twins_in_a_row + 1 if reused else 0
 
-    def _stop_reason(self, remaining: float | None, twins_in_a_row: int) -> str:
+    def _stop_reason(self, snap: StudySnapshot, remaining: float | None,
+                     twins_in_a_row: int) -> str:
         """Why this worker should stop now, or "" to run another trial (then queues the staged
         search's next config when it has one)."""
-        self._recover_dead_trials()
-        trials = recorded(self.study)
         # --trials counts measurements: a repeated config costs nothing and does not count.
         # Trials other workers are running now count too: they will most likely be measured.
-        running = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        if self.opts.trials is not None and len(measured(trials)) + running >= self.opts.trials:
+        running = snap.pending.running_count
+        if self.opts.trials is not None and len(snap.measured) + running >= self.opts.trials:
             return f"reached {self.opts.trials} trials" + (
                 f" ({running} of them still running on other workers)" if running else "")
         if stop := self.no_room or self.halted:
             return stop
-        if self._nothing_applied():
+        if self._nothing_applied(snap):
             return (f"nothing to search: {self.command.name if self.command else 'the script'} "
                     "applies none of the searched knobs (see the lines 'fixed: ...')")
-        reserve = self._confirmation_reserve(trials)
-        if remaining is not None and remaining - reserve < shortest_useful_trial(trials):
+        reserve = self._confirmation_reserve(snap)
+        if remaining is not None and remaining - reserve < snap.shortest_useful_trial():
             budget = format_duration(self.opts.timeout_s or 0)
             return f"time budget of {budget} spent" + (
                 f" ({format_duration(reserve)} of it kept for confirmation)" if reserve else "")
         if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
             return (f"the sampler proposed {twins_in_a_row} measured or ruled-out configs in a "
                     "row: the space looks exhausted")
-        staging = self._stage(trials)
-        obs = observations(trials)
-        noise = noise_of(obs)
+        staging = self._stage(snap)
+        noise = noise_of(snap.observations)
         if not staging and self.opts.patience is not None \
-                and since_improvement(obs, noise) >= self.opts.patience:
+                and since_improvement(snap.observations, noise) >= self.opts.patience:
             return (f"no trial beat the best by more than the noise ({100 * noise:.1f}%) in the "
                     f"last {self.opts.patience} trials")
         return ""
+
+    def _read(self) -> StudySnapshot:
+        """The study as stored now, its trials judged against this run's memory limit."""
+        return snapshot.read(self.study, self.limit)
 
     # -- claiming trials, and recovering dead workers' -------------------------------------------
 
@@ -241,93 +242,69 @@ class Runner:
     def _enqueue_baseline(self) -> None:
         claims.enqueue_baseline(self.study, self.space.params_for(self.baseline))
 
-    def _stage(self, trials: list[FrozenTrial]) -> bool:
+    def _stage(self, snap: StudySnapshot) -> bool:
         """Queue the staged search's next config unless a trial is already waiting; returns
         whether the staged start is still going (queued or waiting)."""
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if waiting:
-            return any(t.user_attrs.get("stage") or t.user_attrs.get("baseline")
-                       for t in waiting)
-        obs = observations(trials)
-        model = self._memory_model(obs)
+        if snap.pending.waiting:
+            return snap.pending.waiting_staged
+        model = self._memory_model(snap)
 
         def too_slow(c: Config) -> bool:
-            return self._trial_budget(c, None, trials).too_slow is not None
+            return self._trial_budget(c, None, snap).too_slow is not None
 
-        running = [t.user_attrs.get("config") for t in
-                   self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
-        proposal = staged_next(self.space, self.baseline, obs, model, too_slow=too_slow) \
-            or self._diagnosis_stage(trials, obs, running, lambda c: model.verdict(c) is not None
+        running = snap.pending.running
+        proposal = staged_next(self.space, self.baseline, snap.observations, model,
+                               too_slow=too_slow) \
+            or self._diagnosis_stage(snap, lambda c: model.verdict(c) is not None
                                      or too_slow(c)
                                      or oversubscribed(c, self.hw.cpu_cores) is not None)
         if proposal is None:
             return False
-        if proposal.config.to_dict() in running:
+        if proposal.config in running:
             return True  # another worker measures it now; this one samples meanwhile
         self.study.enqueue_trial(self.space.params_for(proposal.config),
                                  user_attrs={"stage": proposal.stage})
         return True
 
-    def _diagnosis_stage(self, trials: list[FrozenTrial], obs: list[Observation],
-                         running: list[Any], ruled_out: Callable[[Config], bool],
-                         ) -> Proposal | None:
+    def _diagnosis_stage(self, snap: StudySnapshot,
+                         ruled_out: Callable[[Config], bool]) -> Proposal | None:
         """After the staged start: the next change that addresses what limits the incumbent
         (``tuner.stages``), diagnosed again from the study as it stands."""
-        best = pick_best(trials, self.limit)
+        best = snap.best
         if best is None:
             return None
-        findings = diagnose_trial(self.study, trials, best, self.limit)
-        tried = {config_key(o.config) for o in obs} | {
-            config_key(Config.from_dict(c)) for c in running if c}
-        return stages.diagnosis_next(self.space, Config.from_dict(best.user_attrs["config"]),
-                                     [f.to_dict() for f in findings], tried, ruled_out)
+        tried = {o.config for o in snap.observations} | set(snap.pending.running)
+        return stages.diagnosis_next(self.space, best.config, diagnose_record(snap, best),
+                                     tried, ruled_out)
 
     # -- one trial ------------------------------------------------------------------------------
 
     def _run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
         """Measure (or reuse, or rule out), record and export an asked trial. Returns whether
-        nothing ran (a twin's measurement reused, or ruled out by the memory model)."""
+        nothing ran (a twin's measurement reused, or ruled out without running)."""
         told = False
         self.measurer.held = {}
         try:
             config = self.space.suggest(trial, self.baseline)
-            is_baseline = bool(trial.user_attrs.get("baseline"))
+            is_baseline = record.is_baseline(trial)
             trial.set_user_attr("config", config.to_dict())
-            index = len(measured(recorded(self.study))) + 1
-            if not is_baseline:
-                self._wait_for_running_twin(trial.number, config)
-            twin = None if is_baseline else \
-                claims.measured_twin(self.study, config, self.opts.measure)
-            rule = None if is_baseline or twin else oversubscribed(config, self.hw.cpu_cores)
-            if rule is not None:  # more threads and workers than cores: nothing runs
-                self._write(trial, record.of_rule(rule, self.limit))
+            v, snap = self._verdict(trial.number, config, is_baseline, remaining)
+            if v.record is not None:  # nothing runs
+                self._write(trial, v.record)
                 told = True
-                self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
-                                             self._best_view())
+                if v.kind == verdict.NO_ROOM:
+                    self.no_room = v.plan.no_room if v.plan else v.kind
+                if v.reported:
+                    self._report(trial)
                 return True
-            verdict = None if is_baseline or twin else self._memory_model().verdict(config)
-            if verdict is not None:  # ruled out by the memory model: nothing runs
-                self._write(trial, record.of_prediction(verdict[0], verdict[1], self.limit))
-                told = True
-                self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
-                                             self._best_view())
-                return True
-            plan = None if twin is not None else self._trial_budget(config, remaining)
-            if plan is not None and (plan.too_slow or plan.no_room):
-                self._write(trial, self._not_run(plan, config, trial.number, is_baseline))
-                told = True
-                if plan.too_slow:
-                    self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
-                                                 self._best_view())
-                return True
-            if twin is not None:  # reported once, when recorded: nothing runs
-                m = Measurement(**{**twin.user_attrs["measurement"], "stderr_tail": ""})
-                trial.set_user_attr("reused_from", twin.number)
+            if v.twin is not None:  # reported once, when recorded: nothing runs
+                m = replace(v.twin.measurement, stderr_tail="")
+                trial.set_user_attr("reused_from", v.twin.number)
             else:
-                assert plan is not None
-                self._forecast(trial, config, plan)
-                m = self._measure_trial(trial, config, is_baseline, index, remaining,
-                                        plan.settings)
+                assert v.plan is not None
+                self._forecast(trial, config, v.plan, snap)
+                m = self._measure_trial(trial, config, is_baseline, len(snap.measured) + 1,
+                                        remaining, v.plan.settings, snap)
             self._write(trial, record.of_measurement(
                 m, self.limit, number=trial.number, baseline=is_baseline,
                 devices=self.measurer.held))
@@ -335,24 +312,60 @@ class Runner:
             self._learn_applied(m, is_baseline)
             if m.ended_by == INTERRUPTED:
                 raise KeyboardInterrupt
-            self._export()
             if m.is_result:
-                self.reporter.trial_finished(view(storage.frozen(self.study, trial)),
-                                             self._best_view())
-            return twin is not None
+                self._report(trial)
+            else:
+                self._export(self._read())
+            return v.twin is not None
         finally:
             if not told:
                 with contextlib.suppress(Exception):
                     trial.set_user_attr("interrupted", True)
                     self.study.tell(trial, state=TrialState.FAIL)
 
-    def _nothing_applied(self) -> bool:
+    def _verdict(self, number: int, config: Config, is_baseline: bool,
+                 remaining: float | None) -> tuple[verdict.Verdict, StudySnapshot]:
+        """What happens to ``config`` (``tuner.verdict``), from the study as it stands; while
+        another worker measures exactly this config, wait for it: its result is then reused,
+        so a fleet never measures one config twice at the same time."""
+        told = False
+        while True:
+            snap = self._read()
+            running = () if is_baseline else tuple(
+                claims.running_twins(self.study, number, config, self.opts.measure))
+            twin = None if is_baseline or running else \
+                claims.measured_twin(snap, config, self.opts.measure)
+            v = verdict.decide(verdict.Facts(
+                config, number, is_baseline, self.limit, twin=twin, running_twins=running,
+                rule=oversubscribed(config, self.hw.cpu_cores),
+                memory=self._memory_model(snap).verdict(config),
+                plan=None if twin else self._trial_budget(config, remaining, snap)))
+            if v.kind != verdict.TWIN_RUNNING:
+                return v, snap
+            if not told:
+                # Its worker may be dead: found like any other dead worker's trial.
+                with self._locked():
+                    self._recover_dead_trials()
+                self.reporter.note(f"trial {number}: another worker is measuring this config "
+                                   f"(trial {running[0]}); waiting to reuse its result")
+                told = True
+            time.sleep(RUNNING_TWIN_POLL_S)
+
+    def _report(self, trial: optuna.Trial) -> None:
+        """Export the profile as the study stands now, and show the trial beside the best."""
+        snap = self._read()
+        self._export(snap)
+        done = snap.trial(trial.number)
+        if done is not None:
+            self.reporter.trial_finished(done, snap.best)
+
+    def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space
         too (another worker of the study may have found them); whether none is left."""
-        known = self.study.user_attrs.get("unapplied") if self.command is not None else None
+        known = snap.facts.unapplied if self.command is not None else None
         if known is None:
             return False
-        self.space = self.space.fix(known, self.baseline)
+        self.space = self.space.fix(dict(known), self.baseline)
         return not self.space.searched
 
     def _learn_applied(self, m: Measurement, is_baseline: bool) -> None:
@@ -362,7 +375,8 @@ class Runner:
         if self.command is not None and is_baseline and m.script.get("samples_mismatch"):
             self.halted = ("the baseline trained another batch than its config (see its "
                            "reason): no trial would measure the config it records")
-        if self.command is None or not m.ok or "unapplied" in self.study.user_attrs:
+        if self.command is None or not m.ok \
+                or record.read_facts(self.study).unapplied is not None:
             return
         accessed = set(m.script.get("accessed") or ())
         reasons = unapplied(list(self.space.searched), accessed, self.command.name)
@@ -380,44 +394,31 @@ class Runner:
                 " per rank and step; pass --param batch=N (its batch) or autotune.step(samples)")
 
     def _trial_budget(self, config: Config, remaining: float | None,
-                      trials: list[FrozenTrial] | None = None) -> budget.TrialBudget:
+                      snap: StudySnapshot) -> budget.TrialBudget:
         """The measuring budget ``config``'s predicted steps need, or why it does not run
         (``remaining``: seconds left for the search; None: judge the config alone)."""
-        if trials is None:
-            trials = recorded(self.study)
         if remaining is not None and config.compile != "off":
             # Compiling comes before the measuring, outside the trial timeout (its own limit).
-            remaining -= budget.compile_seconds(compile_costs(trials),
+            remaining -= budget.compile_seconds(snap.compile_costs(),
                                                 self.opts.measure.max_compile_s)
         return budget.plan_trial(
-            config, budget.StepTimeModel(observations(trials)), self.opts.measure,
+            config, budget.StepTimeModel(snap.observations), self.opts.measure,
             trial_timeout_s=self.opts.trial_timeout_s,
-            startup_s=budget.startup_seconds(startup_costs(trials), self.opts.trial_timeout_s),
+            startup_s=budget.startup_seconds(snap.startup_costs(), self.opts.trial_timeout_s),
             left_s=remaining, unmeasured_steps=SCRIPT_UNMEASURED_STEPS if self.command else 0)
 
-    def _not_run(self, plan: budget.TrialBudget, config: Config, number: int,
-                 is_baseline: bool) -> record.Record:
-        """The record of a config the step-time model kept from running: too slow for any
-        budget (a result, at no cost), or too slow for what is left of this run (no result:
-        queued for the next run, and this run's search ends)."""
-        if plan.too_slow:
-            assert plan.prediction is not None
-            return record.of_slow_prediction(plan.too_slow, plan.prediction.step_s,
-                                             config.samples_per_step, self.limit)
-        self.no_room = plan.no_room
-        return record.of_no_room(plan.no_room or "", self.limit, number=number,
-                                 baseline=is_baseline)
-
-    def _forecast(self, trial: optuna.Trial, config: Config, plan: budget.TrialBudget) -> None:
+    def _forecast(self, trial: optuna.Trial, config: Config, plan: budget.TrialBudget,
+                  snap: StudySnapshot) -> None:
         """What the models predicted before the trial ran, kept beside what it measured."""
-        peak = self._memory_model().predict(config)
+        peak = self._memory_model(snap).predict(config)
         trial.set_user_attr("forecast", {
             "step": plan.prediction.to_dict() if plan.prediction else None,
             "peak_memory_bytes": None if peak is None else int(peak),
             "max_seconds": round(plan.settings.max_seconds, 2)})
 
     def _measure_trial(self, trial: optuna.Trial, config: Config, is_baseline: bool, index: int,
-                       remaining: float | None, settings: MeasureSettings) -> Measurement:
+                       remaining: float | None, settings: MeasureSettings,
+                       snap: StudySnapshot) -> Measurement:
         """Run the trial's process with ``settings`` (the search's, or a longer measuring
         budget its steps need); a trial the run's --timeout cut short is no result."""
         hard = budget.hard_timeout(config, self.opts.trial_timeout_s,
@@ -433,10 +434,10 @@ class Runner:
             trial.set_user_attr("budget", {
                 k: v for k, v in settings.to_dict().items()
                 if v != self.opts.measure.to_dict()[k]})
-        best = self._best_view() if self.opts.prune and not is_baseline else None
+        best = snap.best if self.opts.prune and not is_baseline else None
         m = self.measure_config(config, self._workdir(trial), timeout, settings,
                                 best.samples_per_sec if best else None)
-        if cut and m.ended_by == TRIAL_TIMEOUT and not trial.user_attrs.get("budget_cut"):
+        if cut and m.ended_by == TRIAL_TIMEOUT and not record.budget_cut_before(trial):
             # The run's budget ended this trial, not the config's speed: not a result, measured
             # again once by the next run (twice cut: it is a real timeout).
             m = replace(m, status="error", reason="stopped by the run's --timeout",
@@ -468,31 +469,8 @@ class Runner:
         if rec.retry_attrs is not None:
             self.study.enqueue_trial(trial.params, user_attrs=rec.retry_attrs)
 
-    def _memory_model(self, obs: list[Any] | None = None) -> MemoryModel:
-        if obs is None:
-            obs = observations(recorded(self.study))
-        return MemoryModel(obs, self.hw.device, self.limit, self.opts.headroom)
-
-    def _best_view(self) -> TrialView | None:
-        best = pick_best(recorded(self.study), self.limit)
-        return view(best) if best else None
-
-    def _wait_for_running_twin(self, number: int, config: Config) -> None:
-        """Wait while another worker measures exactly this config: its result is then reused,
-        so a fleet never measures one config twice at the same time."""
-        told = False
-        while True:
-            busy = claims.running_twins(self.study, number, config, self.opts.measure)
-            if not busy:
-                return
-            if not told:
-                # Its worker may be dead: found like any other dead worker's trial.
-                with self._locked():
-                    self._recover_dead_trials()
-                self.reporter.note(f"trial {number}: another worker is measuring this config "
-                                   f"(trial {busy[0]}); waiting to reuse its result")
-                told = True
-            time.sleep(RUNNING_TWIN_POLL_S)
+    def _memory_model(self, snap: StudySnapshot) -> MemoryModel:
+        return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)
 
     # -- the machine, the confirmation, the results ----------------------------------------------
 
@@ -503,10 +481,9 @@ class Runner:
         if self.opts.probe:
             self.measurer.read_probe(self.out_dir, self.reporter.note)
 
-    def _confirmation_reserve(self, trials: list[FrozenTrial]) -> float:
+    def _confirmation_reserve(self, snap: StudySnapshot) -> float:
         o = self.opts
-        return confirm.reserve(trials, self.limit, o.confirm_top, o.confirm_rounds, o.timeout_s,
-                               o.measure)
+        return confirm.reserve(snap, o.confirm_top, o.confirm_rounds, o.timeout_s, o.measure)
 
     def _confirm(self, deadline: float | None) -> None:
         o = self.opts
@@ -516,24 +493,21 @@ class Runner:
             headroom=o.headroom, trial_timeout_s=o.trial_timeout_s, deadline=deadline,
             out_dir=self.out_dir, on_round=self.reporter.confirming)
 
-    def _export(self) -> Profile | None:
-        return confirm.export(self.study, self.limit, storage.redact(self.storage_url),
+    def _export(self, snap: StudySnapshot) -> Profile | None:
+        return confirm.export(self.study, snap, storage.redact(self.storage_url),
                               self.opts.global_batch, self.out_dir / "profile.yaml")
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
-        trials = recorded(self.study)
-        best, base = confirmed_winner(self.study, trials, self.limit), pick_baseline(trials)
-        profile = self._export()
-        conf = confirmed(self.study, trials)
+        snap = self._read()
+        profile = self._export(snap)
         return RunSummary(
             self.study_name, storage.redact(self.storage_url), self.out_dir,
-            self.out_dir / "profile.yaml" if profile else None,
-            view(best) if best else None, view(base) if base else None,
-            [view(t) for t in trials], wall_s, interrupted, stop_reason, confirmation=conf,
-            confirmed_speedup=confirm.speedup_side_by_side(profile, conf),
+            self.out_dir / "profile.yaml" if profile else None, snap.winner, snap.baseline,
+            list(snap.records), wall_s, interrupted, stop_reason,
+            confirmation=snap.confirmation, speedup=snap.speedup if profile else None,
             confirm_skipped=self.confirm_skipped, dashboard=self._dashboard(),
-            diagnosis=list(profile.diagnosis) if profile else [],
-            exported_speedup=profile.speedup if profile else None)
+            diagnosis=[Finding.from_dict(f) for f in profile.diagnosis] if profile else [],
+            mfu=profile.result.get("mfu") if profile else None)
 
     def _dashboard(self) -> str:
         """Draw studies/<study>/dashboard.html again; failing to draw never fails the run."""

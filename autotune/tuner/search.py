@@ -1,4 +1,4 @@
-"""How trials are spent: the memory model, the staged start, pruning, early stop and the winner.
+"""How trials are spent: the memory model, the staged start, pruning and early stop.
 
 Pure functions over what the study has observed (``Observation``); ``runner.py`` runs the trials.
 
@@ -12,21 +12,18 @@ Pure functions over what the study has observed (``Observation``); ``runner.py``
   that did not (configs the memory model rules out count as not fitting, at no cost).
 - **Pruning.** A trial whose first windows are all clearly below the best is stopped.
 - **Early stop.** When nothing beat the best by more than the noise for ``patience`` trials.
-- **Winner.** Confirmation re-measures the top configs interleaved; the winner is decided by
-  median with a margin from the measured spread, and by memory headroom within the margin.
+- **Winner.** Decided by the confirmation (``tuner.confirmation``).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
-from autotune.units import format_duration
 
 HEADROOM = 0.05  # an exported config peaks at least this share below the memory limit
 NOISE_FLOOR = 0.02  # no measured difference below 2% is a win (see benchmarks/repeatability.py)
@@ -316,177 +313,3 @@ def prune_reason(window_rates: Sequence[float], best: float | None,
         return None
     return (f"its first {after} windows reached at most {top:.4g} samples/s, below "
             f"{below:.2f} x the best trial's {best:.4g}")
-
-
-# -- confirmation ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Candidate:
-    """One config under confirmation: its samples/sec in each interleaved round."""
-
-    number: int  # the trial it came from
-    config: Config
-    rates: list[float] = field(default_factory=list)
-    peaks: list[int] = field(default_factory=list)
-    window_cvs: list[float] = field(default_factory=list)
-    is_baseline: bool = False
-    failures: list[str] = field(default_factory=list)
-    measure: dict[str, Any] = field(default_factory=dict)  # how its rounds measured
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.rates) if self.rates else None
-
-    @property
-    def peak(self) -> int:
-        return max(self.peaks, default=0)
-
-    @property
-    def spread(self) -> float:
-        """Relative spread of this config's rounds (CV); the in-trial CV with one round."""
-        if len(self.rates) >= 2 and statistics.fmean(self.rates) > 0:
-            return statistics.stdev(self.rates) / statistics.fmean(self.rates)
-        return statistics.fmean(self.window_cvs) if self.window_cvs else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"trial": self.number, "config": self.config.to_dict(),
-                "samples_per_sec": [round(r, 4) for r in self.rates],
-                "median": None if self.median is None else round(self.median, 4),
-                "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
-                "baseline": self.is_baseline, "failures": self.failures,
-                "measure": self.measure}
-
-
-def confirmation_seconds(cands: Sequence[Candidate], costs: dict[int, float],
-                         rounds: int) -> float:
-    """What ``rounds`` rounds of ``cands`` take, from what one run of each costs (its start-up
-    and its round's measuring budget, ``confirm.costs``), with 2 s each for the process."""
-    return rounds * sum(costs.get(c.number, 0.0) + 2.0 for c in cands)
-
-
-def plan_confirmation(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
-                      left: float | None) -> tuple[list[Candidate], int] | str:
-    """The candidates (best first) and rounds that fit ``left`` seconds, or why none fits:
-    fewer rounds first, then fewer configs (the baseline stays), never fewer than two rounds of
-    the best config and the baseline. Without a deadline, all of them."""
-    cands = list(cands)
-    if len(cands) < 2:
-        return "fewer than two configs measured ok"
-    if left is None:
-        return cands, rounds
-    while True:
-        fit = min(rounds, int(left // max(confirmation_seconds(cands, costs, 1), 1e-9)))
-        if fit >= 2:
-            return cands, fit
-        if sum(not c.is_baseline for c in cands) <= 1 or len(cands) <= 2:
-            need = confirmation_seconds(cands, costs, 2)
-            return (f"two rounds of {len(cands)} configs need ~{format_duration(need)} and "
-                    f"{format_duration(max(0.0, left))} are left; a longer --timeout leaves room "
-                    "for it")
-        cands.remove(next(c for c in reversed(cands) if not c.is_baseline))
-
-
-@dataclass(frozen=True)
-class Decision:
-    winner: Candidate | None
-    runner_up: Candidate | None
-    margin: float
-    decided_by: str  # "median", "headroom" or why there is no winner
-    excluded: dict[int, str]  # trial -> why it cannot win
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"winner_trial": self.winner.number if self.winner else None,
-                "runner_up_trial": self.runner_up.number if self.runner_up else None,
-                "margin": round(self.margin, 4), "decided_by": self.decided_by,
-                "excluded": {str(k): v for k, v in self.excluded.items()}}
-
-
-NO_WIN = "no win beyond noise"
-
-
-def margin_between(a: Candidate, b: Candidate) -> float:
-    """The lead ``a`` needs over ``b`` to count: twice their pooled spread, at least
-    ``NOISE_FLOOR``."""
-    return max(NOISE_FLOOR, 2 * math.sqrt((a.spread ** 2 + b.spread ** 2) / 2))
-
-
-def decide(candidates: Sequence[Candidate], limit: int, headroom: float = HEADROOM) -> Decision:
-    """The winner of a confirmation.
-
-    Eligible: every round ran to a result and the peak stayed below the limit less the headroom.
-    The highest median wins when it leads the runner-up by more than the margin, twice the pooled
-    spread of the two (at least ``NOISE_FLOOR``); within the margin the one with more memory
-    headroom wins (a tie in speed is not a reason to run closer to the wall). A winner that does
-    not lead the baseline by more than their margin is no win: the baseline is kept
-    (``NO_WIN``).
-    """
-    decision = _rank(candidates, limit, headroom)
-    base = next((c for c in candidates if c.is_baseline and c.number not in decision.excluded),
-                None)
-    win = decision.winner
-    if win is None or base is None or win is base:
-        return decision
-    margin = margin_between(win, base)
-    if (win.median or 0.0) / (base.median or 1e-12) - 1.0 > margin:
-        return decision
-    return Decision(base, win, margin, NO_WIN, decision.excluded)
-
-
-def settled(candidates: Sequence[Candidate], limit: int, headroom: float = HEADROOM) -> str | None:
-    """Why more rounds would not change the decision, or None: the winner leads the runner-up
-    and the baseline by more than their margins, or even the winner's best round against the
-    baseline's worst does not clear the margin (the win is not reachable). Needs two rounds."""
-    if any(len(c.rates) < 2 for c in candidates if not c.failures):
-        return None
-    d = decide(candidates, limit, headroom)
-    base = next((c for c in candidates if c.is_baseline and c.rates), None)
-    if d.winner is None:
-        return None
-    if d.decided_by == "median" and _clear(d, base):
-        return f"the winner leads by more than the margin ({100 * d.margin:.1f}%)"
-    if d.decided_by == NO_WIN and base is not None and d.runner_up is not None:
-        best_case = max(d.runner_up.rates) / min(base.rates) - 1.0
-        if best_case <= d.margin:
-            return (f"even its best round leads the baseline's worst by {100 * best_case:.1f}%, "
-                    f"within the margin ({100 * d.margin:.1f}%)")
-    return None
-
-
-def _clear(d: Decision, base: Candidate | None) -> bool:
-    """The winner leads the runner-up (and the baseline) beyond their margins."""
-    win = d.winner
-    if win is None:
-        return False
-    others = [c for c in (d.runner_up, base) if c is not None and c is not win]
-    return all((win.median or 0.0) / (o.median or 1e-12) - 1.0 > margin_between(win, o)
-               for o in others)
-
-
-def _rank(candidates: Sequence[Candidate], limit: int, headroom: float) -> Decision:
-    """The fastest eligible candidate beyond the margin over the runner-up, else the roomier of
-    the two."""
-    budget = limit * (1.0 - headroom)
-    excluded: dict[int, str] = {}
-    eligible = []
-    for c in candidates:
-        if c.failures or not c.rates:
-            excluded[c.number] = "; ".join(c.failures) or "not measured"
-        elif c.peak > budget:
-            excluded[c.number] = (f"peak {c.peak / 2**30:.2f} GiB is within {100 * headroom:.0f}% "
-                                  f"of the {limit / 2**30:.2f} GiB limit")
-        else:
-            eligible.append(c)
-    if not eligible:
-        return Decision(None, None, NOISE_FLOOR, "no config kept its memory headroom", excluded)
-    ranked = sorted(eligible, key=lambda c: -(c.median or 0.0))
-    if len(ranked) == 1:
-        return Decision(ranked[0], None, NOISE_FLOOR, "median", excluded)
-    first, second = ranked[0], ranked[1]
-    margin = margin_between(first, second)
-    lead = (first.median or 0.0) / (second.median or 1e-12) - 1.0
-    if lead > margin:
-        return Decision(first, second, margin, "median", excluded)
-    roomier = min((first, second), key=lambda c: (c.peak, -(c.median or 0.0)))
-    other = second if roomier is first else first
-    return Decision(roomier, other, margin, "headroom", excluded)

@@ -15,13 +15,13 @@ num_workers 2". Pure functions over what the study has measured; the runner queu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
-from autotune.tuner.diagnosis import config_key as key
-from autotune.tuner.results import TrialView
+from autotune.tuner.diagnosis import Finding
+from autotune.tuner.record import TrialRecord
 from autotune.tuner.search import Proposal
 
 # What addresses each kind of finding, in the order it is tried.
@@ -84,22 +84,22 @@ def _values(knob: str, domain: Choices, current: Any) -> list[Any]:
 
 
 def diagnosis_next(space: NarrowedSpace, incumbent: Config,
-                   findings: Iterable[Mapping[str, Any]], tried: set[str],
+                   findings: Iterable[Finding], tried: Set[Config],
                    ruled_out: Callable[[Config], bool]) -> Proposal | None:
-    """The next one-knob change of ``incumbent`` that addresses its findings (``Finding.to_dict``
-    forms, in the diagnosis's order) and has not been measured (``tried``: ``key`` of every
-    config the study ran or queued) nor is ``ruled_out`` (predicted OOM or too slow). None
+    """The next one-knob change of ``incumbent`` that addresses its findings (in the
+    diagnosis's order) and has not been measured (``tried``: every config the study ran or
+    queued) nor is ``ruled_out`` (predicted OOM or too slow). None
     when every remedy the space allows was tried: the stage is over."""
     for finding in findings:
-        kind = str(finding.get("kind"))
-        words = headline(kind, finding.get("evidence") or {})
+        kind = finding.kind
+        words = headline(kind, finding.evidence)
         for knob in REMEDIES.get(kind, ()):
             domain = space.searched.get(knob)
             if not isinstance(domain, Choices):
                 continue
             for value in _values(knob, domain, getattr(incumbent, knob)):
                 config = space.variant(incumbent, **{knob: value})
-                if config == incumbent or key(config) in tried or ruled_out(config):
+                if config == incumbent or config in tried or ruled_out(config):
                     continue
                 return Proposal(config, f"diagnosis: {words} -> {knob} {_show(value)}")
         if kind == "memory-bound":
@@ -107,9 +107,9 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
             # Once the checkpointed variant ran (or is the incumbent), try the next batch with it.
             ckpt = incumbent if incumbent.activation_checkpointing else \
                 space.variant(incumbent, activation_checkpointing=True)
-            if ckpt.activation_checkpointing and (ckpt == incumbent or key(ckpt) in tried):
+            if ckpt.activation_checkpointing and (ckpt == incumbent or ckpt in tried):
                 larger = _larger_micro(space, ckpt)
-                if larger is not None and key(larger) not in tried and not ruled_out(larger):
+                if larger is not None and larger not in tried and not ruled_out(larger):
                     return Proposal(larger, f"diagnosis: {words} -> micro-batch "
                                             f"{larger.micro_batch_size} with checkpointing")
     return None
@@ -127,7 +127,7 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def story(trials: Sequence[TrialView], baseline_rate: float | None) -> list[str]:
+def story(trials: Sequence[TrialRecord], baseline_rate: float | None) -> list[str]:
     """Lines for the console and the dashboard: each diagnosis-led trial's stage and the speedup
     its search trial measured over the baseline's."""
     out = []

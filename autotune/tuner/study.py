@@ -26,6 +26,7 @@ from autotune.machine.hardware import (
     hostname,
 )
 from autotune.profile import FingerprintWarning
+from autotune.tuner import record
 from autotune.tuner.storage import redact
 from autotune.units import format_bytes
 from autotune.workloads import WorkloadSpec
@@ -98,11 +99,11 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
     except Exception as exc:
         raise StorageError(f"cannot create or load study {ident.name!r} in "
                            f"{redact(url)}: {exc}") from None
-    attrs = study.user_attrs
-    if "fingerprint" in attrs:
-        _refuse_mismatch(attrs, ident)
-        limit = _kept_limit(ident.name, attrs.get("memory_limit_bytes"),
-                            attrs.get("memory_limit_spec"), limit, limit_spec)
+    facts = record.read_facts(study)
+    if facts.made_by_run:
+        _refuse_mismatch(facts, ident)
+        limit = _kept_limit(ident.name, facts.memory_limit_bytes, facts.memory_limit_spec, limit,
+                            limit_spec)
         _complete_fingerprint(study, ident, note)  # once every check has passed
     else:
         for key, value in {
@@ -113,17 +114,17 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }.items():
             study.set_user_attr(key, value)
-    if "memory_limit_bytes" not in attrs:
+    if facts.memory_limit_bytes is None:
         study.set_user_attr("memory_limit_bytes", limit)
         study.set_user_attr("memory_limit_spec", limit_spec)
     study.sampler = sampler(seed + len(study.get_trials(deepcopy=False)))
     return study, limit
 
 
-def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
+def _refuse_mismatch(facts: record.StudyFacts, ident: Identity) -> None:
     """A resumed study must measure what this run would: one line saying what differs."""
     name = ident.name
-    match = compare_fingerprints(attrs["fingerprint"], ident.hw.fingerprint())
+    match = compare_fingerprints(dict(facts.fingerprint), ident.hw.fingerprint())
     if match.differs and match.unverified:
         raise UsageError(f"study {name} was made by an earlier autotune whose fingerprint did "
                          f"not record the CPU's {match.unverified_words()}, and what it did "
@@ -136,13 +137,13 @@ def _refuse_mismatch(attrs: dict[str, Any], ident: Identity) -> None:
                          f"({'; '.join(match.differs)}); measurements are not comparable: run "
                          "this worker on a machine like the study's, or pass another --study "
                          "name")
-    stored = attrs.get("workload") or {}
+    stored = dict(facts.workload)
     if (stored.get("spec"), stored.get("params")) != (ident.workload.spec,
                                                       ident.workload.params):
         _refuse_other_script(name, stored, ident.workload)
-        raise UsageError(f"study {name} tunes workload {attrs.get('workload')}, not this one; "
+        raise UsageError(f"study {name} tunes workload {stored}, not this one; "
                          "pass another --study name")
-    stored_space = attrs.get("space") or {}
+    stored_space = facts.space
     shape = {"world_size": stored_space.get("world_size", 1),
              "global_batch": stored_space.get("global_batch")}
     if shape != {"world_size": ident.world, "global_batch": ident.global_batch}:
@@ -163,7 +164,7 @@ def _complete_fingerprint(study: optuna.Study, ident: Identity,
     where everything it did record matches (``_refuse_mismatch`` let it through): resume it,
     say once what could not be checked, and record this CPU on it, so that from now on a worker
     on another CPU is refused as for any study (and the agents' plain check works)."""
-    stored = dict(study.user_attrs["fingerprint"])
+    stored = dict(record.read_facts(study).fingerprint)
     here = ident.hw.fingerprint()
     match = compare_fingerprints(stored, here)
     if not match.unverified:

@@ -1,0 +1,91 @@
+"""What happens to a proposed config before anything runs, as data: measured already (its twin's
+outcome is reused), being measured by another worker now (wait, then reuse), ruled out by a rule
+of the space, predicted out of memory, predicted too slow for any budget, no room left in this
+run's --timeout, or run. Pure: the runner gathers the facts, ``decide`` rules, and the runner
+writes the record and reports the trial once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config.knobs import Config
+from autotune.tuner import record
+from autotune.tuner.budget import TrialBudget
+from autotune.tuner.record import Record, TrialRecord
+
+# Verdict kinds.
+RUN = "run"
+TWIN = "twin"  # measured already with the same settings: its outcome is reused
+TWIN_RUNNING = "twin running"  # another worker measures it now: wait, then reuse
+RULED_OUT = "ruled out"  # a rule of the space (more threads and workers than cores)
+PREDICTED_OOM = "predicted oom"
+PREDICTED_TOO_SLOW = "predicted too slow"
+NO_ROOM = "no room"  # fits the trial timeout, not what is left of the run's --timeout
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the runner found about a proposed config, each check's answer (None: clear)."""
+
+    config: Config
+    number: int
+    is_baseline: bool
+    limit: int
+    twin: TrialRecord | None = None
+    running_twins: tuple[int, ...] = ()
+    rule: str | None = None  # oversubscribed: why
+    memory: tuple[str, float | None] | None = None  # the memory model's (why, predicted peak)
+    plan: TrialBudget | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with the config; ``record``: what to write on the trial when nothing runs."""
+
+    kind: str
+    record: Record | None = None
+    plan: TrialBudget | None = None
+    twin: TrialRecord | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.kind == RUN
+
+    @property
+    def reported(self) -> bool:
+        """Whether the console shows it as a trial (no room is said once, as the stop
+        reason; a twin is reported when its reused outcome is recorded)."""
+        return self.kind in (RULED_OUT, PREDICTED_OOM, PREDICTED_TOO_SLOW)
+
+
+def decide(f: Facts) -> Verdict:
+    """The verdict on ``f.config``. The baseline is never a twin nor ruled out by a rule or
+    the memory model (the speedup is measured against it); only its measuring budget can keep
+    it from running."""
+    if f.is_baseline:
+        return _budget(f)
+    if f.running_twins:
+        return Verdict(TWIN_RUNNING)
+    if f.twin is not None:
+        return Verdict(TWIN, twin=f.twin)
+    if f.rule is not None:
+        return Verdict(RULED_OUT, record.of_rule(f.rule, f.limit))
+    if f.memory is not None:
+        return Verdict(PREDICTED_OOM, record.of_prediction(f.memory[0], f.memory[1], f.limit))
+    return _budget(f)
+
+
+def _budget(f: Facts) -> Verdict:
+    """Too slow for any budget, no room in this run, or run with the planned budget."""
+    plan = f.plan
+    assert plan is not None, "a config that may run needs its measuring budget"
+    if plan.too_slow:
+        assert plan.prediction is not None
+        return Verdict(PREDICTED_TOO_SLOW, record.of_slow_prediction(
+            plan.too_slow, plan.prediction.step_s, f.config.samples_per_step, f.limit),
+            plan=plan)
+    if plan.no_room:
+        return Verdict(NO_ROOM, record.of_no_room(plan.no_room, f.limit, number=f.number,
+                                                  baseline=f.is_baseline), plan=plan)
+    return Verdict(RUN, plan=plan)
