@@ -1,6 +1,7 @@
 """The house rules that import-linter cannot see (its contracts in pyproject.toml cover what may
-import what): Optuna's private APIs are touched in one module only, Optuna is pinned below its
-next major, and no function grows past what one reads in a screen."""
+import what): Optuna's private APIs are touched in one module only, Optuna's user attributes
+are read only by the record and the storage, Optuna is pinned below its next major, and no
+module or function grows past the house limits."""
 
 from __future__ import annotations
 
@@ -40,6 +41,33 @@ def test_only_the_storage_module_touches_optunas_private_api() -> None:
     # ... and storage.py really is where they are (the rule is not vacuous).
     text = STORAGE.read_text()
     assert "._trial_id" in text and "optuna.storages._heartbeat" in text
+
+
+RECORD = PACKAGE / "tuner" / "record"
+MAX_MODULE_LINES = 400
+
+
+def test_only_the_record_and_storage_read_user_attrs() -> None:
+    """Everything else reads typed records (TrialRecord, StudyFacts, StudySnapshot): a value
+    typed once is never read back by string keys from Optuna's attributes."""
+    found = []
+    for path in _modules():
+        if path == STORAGE or RECORD in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "user_attrs":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], "user_attrs read outside tuner/record/ and tuner/storage.py: " + \
+        ", ".join(found)
+    # ... and the record really is where they are read (the rule is not vacuous).
+    assert ".user_attrs" in (RECORD / "read.py").read_text()
+
+
+def test_no_module_is_longer_than_the_house_limit() -> None:
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == [], f"modules over {MAX_MODULE_LINES} lines (split them along their ideas): " \
+        + ", ".join(long)
 
 
 def test_optuna_is_pinned_below_its_next_major() -> None:

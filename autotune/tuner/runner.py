@@ -13,38 +13,28 @@ each trial's measuring budget), confirm (the winner and export).
 
 from __future__ import annotations
 
-import contextlib
-import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import TrialState
 
-from autotune.config.knobs import Config, oversubscribed, unapplied
+from autotune.config.knobs import Config, oversubscribed
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
 from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.paths import study_folder
-from autotune.profile import Profile
 from autotune.trial.command import parse_command
-from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
-from autotune.trial.spec import MeasureSettings
 from autotune.tuner import (
-    budget,
     claims,
     confirm,
     fleet,
     options,
     record,
-    snapshot,
     stages,
     storage,
-    verdict,
 )
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.measure import Measurer
@@ -52,7 +42,6 @@ from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
 from autotune.tuner.results import diagnose_record
 from autotune.tuner.search import (
-    MemoryModel,
     Proposal,
     noise_of,
     since_improvement,
@@ -60,22 +49,18 @@ from autotune.tuner.search import (
 )
 from autotune.tuner.snapshot import StudySnapshot
 from autotune.tuner.study import Identity, default_name, open_study
+from autotune.tuner.trials import TrialSteps
 from autotune.units import format_duration
 from autotune.workloads import WorkloadSpec, declared_knobs, resolve, script_workload
 
-# A script's trial runs two steps outside its measuring budget: the first (its start is not
-# reported) and the one it stops after (trial.driver).
-SCRIPT_UNMEASURED_STEPS = 2
-
 __all__ = ["Interrupted", "Reporter", "RunOptions", "RunSummary", "Runner", "StartInfo", "run"]
 
-RUNNING_TWIN_POLL_S = 1.0
 MAX_TWINS_IN_A_ROW = 20
 # Draws a study's dashboard into a file (report.write_dashboard; the CLI passes it in).
 Dashboard = Callable[[optuna.Study, Path], Path]
 
 
-class Runner:
+class Runner(TrialSteps):
     """One ``autotune run``: set-up, the trial loop, confirmation and export."""
 
     def __init__(self, opts: RunOptions, reporter: Reporter,
@@ -127,7 +112,8 @@ class Runner:
             on_wait=lambda line: self.reporter.note(line),
             address_space_bytes=opts.address_space_bytes, command=self.command)
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
-        self.space = self.space.fix(dict(record.read_facts(self.study).unapplied or {}), self.baseline)
+        unapplied = record.read_facts(self.study).unapplied
+        self.space = self.space.fix(dict(unapplied or {}), self.baseline)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -218,26 +204,13 @@ class Runner:
                     f"last {self.opts.patience} trials")
         return ""
 
-    def _read(self) -> StudySnapshot:
-        """The study as stored now, its trials judged against this run's memory limit."""
-        return snapshot.read(self.study, self.limit)
-
     # -- claiming trials, and recovering dead workers' -------------------------------------------
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The study lock: one worker at a time reads-then-writes the study."""
-        with storage.locked(self.storage_url, self.study_name):
-            yield
 
     def _ask(self) -> optuna.Trial:
         return storage.ask(self.study)
 
     def _claim(self, trial: optuna.Trial) -> optuna.Trial:
         return claims.claim(self.study, self.storage, trial)
-
-    def _recover_dead_trials(self) -> None:
-        claims.recover_dead(self.study, self.storage)
 
     def _enqueue_baseline(self) -> None:
         claims.enqueue_baseline(self.study, self.space.params_for(self.baseline))
@@ -277,88 +250,6 @@ class Runner:
         return stages.diagnosis_next(self.space, best.config, diagnose_record(snap, best),
                                      tried, ruled_out)
 
-    # -- one trial ------------------------------------------------------------------------------
-
-    def _run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
-        """Measure (or reuse, or rule out), record and export an asked trial. Returns whether
-        nothing ran (a twin's measurement reused, or ruled out without running)."""
-        told = False
-        self.measurer.held = {}
-        try:
-            config = self.space.suggest(trial, self.baseline)
-            is_baseline = record.is_baseline(trial)
-            trial.set_user_attr("config", config.to_dict())
-            v, snap = self._verdict(trial.number, config, is_baseline, remaining)
-            if v.record is not None:  # nothing runs
-                self._write(trial, v.record)
-                told = True
-                if v.kind == verdict.NO_ROOM:
-                    self.no_room = v.plan.no_room if v.plan else v.kind
-                if v.reported:
-                    self._report(trial)
-                return True
-            if v.twin is not None:  # reported once, when recorded: nothing runs
-                m = replace(v.twin.measurement, stderr_tail="")
-                trial.set_user_attr("reused_from", v.twin.number)
-            else:
-                assert v.plan is not None
-                self._forecast(trial, config, v.plan, snap)
-                m = self._measure_trial(trial, config, is_baseline, len(snap.measured) + 1,
-                                        remaining, v.plan.settings, snap)
-            self._write(trial, record.of_measurement(
-                m, self.limit, number=trial.number, baseline=is_baseline,
-                devices=self.measurer.held))
-            told = True
-            self._learn_applied(m, is_baseline)
-            if m.ended_by == INTERRUPTED:
-                raise KeyboardInterrupt
-            if m.is_result:
-                self._report(trial)
-            else:
-                self._export(self._read())
-            return v.twin is not None
-        finally:
-            if not told:
-                with contextlib.suppress(Exception):
-                    trial.set_user_attr("interrupted", True)
-                    self.study.tell(trial, state=TrialState.FAIL)
-
-    def _verdict(self, number: int, config: Config, is_baseline: bool,
-                 remaining: float | None) -> tuple[verdict.Verdict, StudySnapshot]:
-        """What happens to ``config`` (``tuner.verdict``), from the study as it stands; while
-        another worker measures exactly this config, wait for it: its result is then reused,
-        so a fleet never measures one config twice at the same time."""
-        told = False
-        while True:
-            snap = self._read()
-            running = () if is_baseline else tuple(
-                claims.running_twins(self.study, number, config, self.opts.measure))
-            twin = None if is_baseline or running else \
-                claims.measured_twin(snap, config, self.opts.measure)
-            v = verdict.decide(verdict.Facts(
-                config, number, is_baseline, self.limit, twin=twin, running_twins=running,
-                rule=oversubscribed(config, self.hw.cpu_cores),
-                memory=self._memory_model(snap).verdict(config),
-                plan=None if twin else self._trial_budget(config, remaining, snap)))
-            if v.kind != verdict.TWIN_RUNNING:
-                return v, snap
-            if not told:
-                # Its worker may be dead: found like any other dead worker's trial.
-                with self._locked():
-                    self._recover_dead_trials()
-                self.reporter.note(f"trial {number}: another worker is measuring this config "
-                                   f"(trial {running[0]}); waiting to reuse its result")
-                told = True
-            time.sleep(RUNNING_TWIN_POLL_S)
-
-    def _report(self, trial: optuna.Trial) -> None:
-        """Export the profile as the study stands now, and show the trial beside the best."""
-        snap = self._read()
-        self._export(snap)
-        done = snap.trial(trial.number)
-        if done is not None:
-            self.reporter.trial_finished(done, snap.best)
-
     def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space
         too (another worker of the study may have found them); whether none is left."""
@@ -367,110 +258,6 @@ class Runner:
             return False
         self.space = self.space.fix(dict(known), self.baseline)
         return not self.space.searched
-
-    def _learn_applied(self, m: Measurement, is_baseline: bool) -> None:
-        """After a script's first measured trial: fix the knobs it never applies (it called
-        none of their Profile methods), say why, and keep that on the study. A baseline that
-        trained another batch than its config's halts the run: so would every config."""
-        if self.command is not None and is_baseline and m.script.get("samples_mismatch"):
-            self.halted = ("the baseline trained another batch than its config (see its "
-                           "reason): no trial would measure the config it records")
-        if self.command is None or not m.ok \
-                or record.read_facts(self.study).unapplied is not None:
-            return
-        accessed = set(m.script.get("accessed") or ())
-        reasons = unapplied(list(self.space.searched), accessed, self.command.name)
-        self.study.set_user_attr("unapplied", reasons)
-        self.space = self.space.fix(reasons, self.baseline)
-        if reasons and not accessed:  # one line for all: the script never loaded a profile
-            self.reporter.note(f"fixed: {self.command.name} never loads a profile "
-                               f"(autotune.load_profile()): {', '.join(reasons)} are not searched")
-        for why in reasons.values() if accessed else ():
-            self.reporter.note(f"fixed: {why}")
-        if m.script.get("default_samples") and "micro_batch_size" in reasons:
-            self.reporter.note(
-                f"{self.command.name} reports steps without a sample count and never reads the "
-                f"batch size from the profile: samples/s counts {self.baseline.micro_batch_size}"
-                " per rank and step; pass --param batch=N (its batch) or autotune.step(samples)")
-
-    def _trial_budget(self, config: Config, remaining: float | None,
-                      snap: StudySnapshot) -> budget.TrialBudget:
-        """The measuring budget ``config``'s predicted steps need, or why it does not run
-        (``remaining``: seconds left for the search; None: judge the config alone)."""
-        if remaining is not None and config.compile != "off":
-            # Compiling comes before the measuring, outside the trial timeout (its own limit).
-            remaining -= budget.compile_seconds(snap.compile_costs(),
-                                                self.opts.measure.max_compile_s)
-        return budget.plan_trial(
-            config, budget.StepTimeModel(snap.observations), self.opts.measure,
-            trial_timeout_s=self.opts.trial_timeout_s,
-            startup_s=budget.startup_seconds(snap.startup_costs(), self.opts.trial_timeout_s),
-            left_s=remaining, unmeasured_steps=SCRIPT_UNMEASURED_STEPS if self.command else 0)
-
-    def _forecast(self, trial: optuna.Trial, config: Config, plan: budget.TrialBudget,
-                  snap: StudySnapshot) -> None:
-        """What the models predicted before the trial ran, kept beside what it measured."""
-        peak = self._memory_model(snap).predict(config)
-        trial.set_user_attr("forecast", {
-            "step": plan.prediction.to_dict() if plan.prediction else None,
-            "peak_memory_bytes": None if peak is None else int(peak),
-            "max_seconds": round(plan.settings.max_seconds, 2)})
-
-    def _measure_trial(self, trial: optuna.Trial, config: Config, is_baseline: bool, index: int,
-                       remaining: float | None, settings: MeasureSettings,
-                       snap: StudySnapshot) -> Measurement:
-        """Run the trial's process with ``settings`` (the search's, or a longer measuring
-        budget its steps need); a trial the run's --timeout cut short is no result."""
-        hard = budget.hard_timeout(config, self.opts.trial_timeout_s,
-                                   self.opts.measure.max_compile_s)
-        cut = remaining is not None and remaining < hard
-        timeout = max(1.0, min(hard, remaining or math.inf))
-        self.reporter.trial_started(trial.number, index, self.opts.trials, config, is_baseline,
-                                    timeout)
-        # The search's settings identify how it was measured (twins match on them); a longer
-        # budget is kept beside them.
-        trial.set_user_attr("measure_settings", self.opts.measure.to_dict())
-        if settings != self.opts.measure:
-            trial.set_user_attr("budget", {
-                k: v for k, v in settings.to_dict().items()
-                if v != self.opts.measure.to_dict()[k]})
-        best = snap.best if self.opts.prune and not is_baseline else None
-        m = self.measure_config(config, self._workdir(trial), timeout, settings,
-                                best.samples_per_sec if best else None)
-        if cut and m.ended_by == TRIAL_TIMEOUT and not record.budget_cut_before(trial):
-            # The run's budget ended this trial, not the config's speed: not a result, measured
-            # again once by the next run (twice cut: it is a real timeout).
-            m = replace(m, status="error", reason="stopped by the run's --timeout",
-                        ended_by=BUDGET)
-        return m
-
-    def measure_config(self, config: Config, workdir: Path, timeout: float,
-                       settings: MeasureSettings, prune_below: float | None = None,
-                       report: bool = True) -> Measurement:
-        """One trial process for ``config`` (the search benchmark replaces this)."""
-        return self.measurer.run(config, workdir, timeout, settings, prune_below,
-                                 self.reporter.trial_event if report else None)
-
-    def _workdir(self, trial: optuna.Trial) -> Path:
-        return self.out_dir / "trials" / f"{trial.number:04d}"
-
-    def _write(self, trial: optuna.Trial, rec: record.Record) -> None:
-        """Write a record on the trial and end it (``tuner.record`` decides what)."""
-        for key, value in rec.attrs.items():
-            trial.set_user_attr(key, value)
-        if rec.constraint is not None:
-            trial.set_constraint("memory", rec.constraint)
-        for i, value in enumerate(rec.intermediate):
-            trial.report(value, i)
-        if rec.state == TrialState.COMPLETE:
-            self.study.tell(trial, rec.value)
-        else:
-            self.study.tell(trial, state=rec.state)
-        if rec.retry_attrs is not None:
-            self.study.enqueue_trial(trial.params, user_attrs=rec.retry_attrs)
-
-    def _memory_model(self, snap: StudySnapshot) -> MemoryModel:
-        return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)
 
     # -- the machine, the confirmation, the results ----------------------------------------------
 
@@ -492,10 +279,6 @@ class Runner:
             o.measure, limit=self.limit, top=o.confirm_top, rounds=o.confirm_rounds,
             headroom=o.headroom, trial_timeout_s=o.trial_timeout_s, deadline=deadline,
             out_dir=self.out_dir, on_round=self.reporter.confirming)
-
-    def _export(self, snap: StudySnapshot) -> Profile | None:
-        return confirm.export(self.study, snap, storage.redact(self.storage_url),
-                              self.opts.global_batch, self.out_dir / "profile.yaml")
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
         snap = self._read()

@@ -1,23 +1,11 @@
-"""A trial's record in the study, both ways: what is written on a trial when it ends
-(``Record``, built from a Measurement), and what is read back (``TrialRecord``, parsed once).
-With ``storage.py``, the only code that reads Optuna's ``user_attrs``: everything else reads
-typed records (``tuner.snapshot`` gathers them per read of the study).
-
-What the sampler sees, by outcome:
-  ok        COMPLETE with the median samples/sec, each window's rate as an intermediate value;
-  oom       COMPLETE with 0 and the memory constraint violated (whatever peak was sampled);
-  pruned    PRUNED after its windows (stopped for being clearly slower than the best);
-  timeout   PRUNED, with the rough rate of its first step as the only hint;
-  diverged  PRUNED (the loss went NaN or infinite: it never wins, whatever its speed);
-  error     FAIL;
-  not a result (Ctrl-C, the run's --timeout): FAIL, marked interrupted, and queued again.
-A peak over the memory limit makes an ok or pruned trial infeasible (constraint > 0).
-"""
+"""What is read back from a finished trial: a ``TrialRecord``, parsed once (its Config, a typed
+Measurement, the Forecast, its outcome and why it ran or was ruled out), and what a fleet's
+workers need of trials not finished yet."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -25,122 +13,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import Config
-from autotune.trial.measurement import BUDGET, Measurement
+from autotune.trial.measurement import Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.confirmation import Confirmation
+from autotune.tuner.record.write import PREDICTED_OOM
 from autotune.tuner.search import Observation
-
-# The study attributes through which a trial across machines is published (tuner.fleet).
-NODE_TRIAL, NODE_REPORT = "node_trial", "node_report"
-# Why a config was ruled out without running (TrialRecord.predicted_kind).
-PREDICTED_OOM, TOO_SLOW, OVERSUBSCRIBED = "oom", "too_slow", "oversubscribed"
-
-# -- writing ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Record:
-    """What to write on a trial: user attributes (in order), its memory constraint, the
-    intermediate values to report, how to end it, and what to queue again when it was no
-    result."""
-
-    attrs: dict[str, Any]
-    state: TrialState
-    value: float | None = None  # with COMPLETE
-    constraint: float | None = None  # "memory": peak - limit; <= 0 is feasible
-    intermediate: tuple[float, ...] = ()
-    retry_attrs: dict[str, Any] | None = None  # queue the trial's params again, with these
-
-
-def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
-                   devices: Mapping[str, Any] | None = None) -> Record:
-    """The record of a trial that ran (or reused a twin's measurement)."""
-    if m.ok:
-        m = replace(m, stderr_tail="")  # keep the storage small; failures keep theirs
-    attrs: dict[str, Any] = {"status": m.status, "reason": m.reason, "measurement": m.to_dict(),
-                             "memory_limit_bytes": limit, "overhead_share": m.overhead_share()}
-    if devices:
-        attrs["devices"] = dict(devices)  # which, and when (wall clock): the device lock
-    if not m.is_result:
-        # Not a result: not counted, and measured again by the next run.
-        attrs["interrupted"] = True
-        return Record(attrs, TrialState.FAIL, retry_attrs={
-            "retry_of": number, "baseline": baseline, "budget_cut": m.ended_by == BUDGET})
-    constraint = None
-    if m.status in ("ok", "oom", "pruned"):
-        # An OOM is infeasible whatever peak was sampled before it died.
-        over = float(m.peak_memory_bytes - limit)
-        constraint = max(over, 1.0) if m.status == "oom" else over
-    rates = tuple(w["samples"] / w["seconds"] for w in m.windows)
-    if m.status == "pruned":
-        # Stopped for being clearly slower than the best: its windows tell the sampler how
-        # much slower.
-        return Record(attrs, TrialState.PRUNED, constraint=constraint, intermediate=rates)
-    if m.ok:
-        return Record(attrs, TrialState.COMPLETE, value=m.samples_per_sec,
-                      constraint=constraint, intermediate=rates)
-    if m.status == "oom":
-        return Record(attrs, TrialState.COMPLETE, value=0.0, constraint=constraint)
-    if m.status == "diverged":
-        # Its windows' rates are not a result: a config that does not train has no speed.
-        return Record(attrs, TrialState.PRUNED, constraint=constraint)
-    if m.status == "timeout":
-        # Too slow to measure: pruned, with the rough rate as the sampler's only hint.
-        rough = (m.rough_samples_per_sec,) if m.rough_samples_per_sec else ()
-        return Record(attrs, TrialState.PRUNED, intermediate=rough)
-    return Record(attrs, TrialState.FAIL)
-
-
-def _predicted(m: Measurement, kind: str, limit: int) -> dict[str, Any]:
-    """The attributes of a config ruled out without running: nothing was measured."""
-    return {"status": m.status, "reason": m.reason, "predicted": True, "predicted_kind": kind,
-            "measurement": {k: v for k, v in m.to_dict().items() if v not in (None, {}, "")
-                            or k in ("windows", "peak_memory_bytes", "wall_s")},
-            "memory_limit_bytes": limit}
-
-
-def of_prediction(reason: str, peak: float | None, limit: int) -> Record:
-    """The record of a config the memory model ruled out: nothing ran. Infeasible for the
-    sampler, like an OOM: its constraint is the predicted excess."""
-    m = Measurement("pruned", reason, predicted_peak_memory_bytes=None if peak is None
-                    else int(peak))
-    attrs = _predicted(m, PREDICTED_OOM, limit)
-    attrs["measurement"]["predicted_peak_memory_bytes"] = m.predicted_peak_memory_bytes
-    return Record(attrs, TrialState.PRUNED, constraint=max(1.0, (peak or 0.0) - limit))
-
-
-def of_rule(reason: str, limit: int) -> Record:
-    """The record of a config a rule of the space ruled out (more threads and loader workers
-    than cores): nothing ran, nothing about its speed or memory is known."""
-    return Record(_predicted(Measurement("pruned", reason), OVERSUBSCRIBED, limit),
-                  TrialState.PRUNED)
-
-
-def of_slow_prediction(reason: str, step_s: float, samples_per_step: int,
-                       limit: int) -> Record:
-    """The record of a config the step-time model ruled out: its steps are predicted too long
-    to measure within --trial-timeout, and nothing ran. Pruned, like a measured too-slow
-    trial, with the predicted rate as the sampler's hint; memory is unknown, so no
-    constraint."""
-    rate = samples_per_step / step_s if step_s > 0 else 0.0
-    m = Measurement("timeout", reason, predicted_step_s=round(step_s, 4),
-                    rough_samples_per_sec=round(rate, 6))
-    return Record(_predicted(m, TOO_SLOW, limit), TrialState.PRUNED,
-                  intermediate=(rate,) if rate else ())
-
-
-def of_no_room(reason: str, limit: int, *, number: int, baseline: bool) -> Record:
-    """The record of a config not started because what is left of the run's --timeout cannot
-    measure it: no result, queued for the next run (which has its own budget)."""
-    return Record({"status": "error", "reason": reason, "interrupted": True,
-                   "measurement": {"status": "error", "reason": reason, "wall_s": 0.0,
-                                   "peak_memory_bytes": 0, "windows": []},
-                   "memory_limit_bytes": limit},
-                  TrialState.FAIL, retry_attrs={"retry_of": number, "baseline": baseline,
-                                                "budget_cut": False})
-
-
-# -- reading ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -393,54 +269,3 @@ def worker_of(t: FrozenTrial) -> Worker:
                   else float(alive))
 
 
-# -- the study's own attributes -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StudyFacts:
-    """What a study records of itself: where it was measured, what it tunes, its memory limit,
-    the machine's probe, and what the confirmation and the export left on it."""
-
-    name: str
-    fingerprint: Mapping[str, Any] = field(default_factory=dict)
-    workload: Mapping[str, Any] = field(default_factory=dict)
-    space: Mapping[str, Any] = field(default_factory=dict)
-    memory_limit_bytes: int | None = None
-    memory_limit_spec: str | None = None
-    probe: Mapping[str, Any] | None = None
-    flops: Mapping[str, Any] = field(default_factory=dict)  # counted once per study
-    unapplied: Mapping[str, str] | None = None  # knobs a script never applies, and why
-    confirmation: Confirmation | None = None
-    diagnosis: tuple[Mapping[str, Any], ...] = ()  # the exported winner's, for the dashboard
-
-    @property
-    def device(self) -> str:
-        return str(self.fingerprint.get("device", "cpu"))
-
-    @property
-    def made_by_run(self) -> bool:
-        """Whether `autotune run` made it (it records the fingerprint first)."""
-        return isinstance(self.fingerprint, Mapping) and bool(self.fingerprint)
-
-
-def read_facts(study: optuna.Study) -> StudyFacts:
-    a = study.user_attrs
-    conf = a.get("confirmation")
-    return StudyFacts(
-        name=study.study_name, fingerprint=dict(a.get("fingerprint") or {}),
-        workload=dict(a.get("workload") or {}), space=dict(a.get("space") or {}),
-        memory_limit_bytes=a.get("memory_limit_bytes"),
-        memory_limit_spec=a.get("memory_limit_spec"), probe=a.get("probe"),
-        flops=dict(a.get("flops") or {}), unapplied=a.get("unapplied"),
-        confirmation=Confirmation.from_dict(conf) if conf else None,
-        diagnosis=tuple(a.get("diagnosis") or ()))
-
-
-def node_trial(study: optuna.Study) -> dict[str, Any]:
-    """The trial across machines the tuner publishes now (read anew from the storage)."""
-    return dict(study.user_attrs.get(NODE_TRIAL) or {})
-
-
-def node_reports(study: optuna.Study) -> list[Mapping[str, Any]]:
-    """What the agents said of how their part of a trial ended (read anew)."""
-    return [v for k, v in study.user_attrs.items() if k.startswith(f"{NODE_REPORT}:")]

@@ -1,0 +1,65 @@
+"""What a study records of itself (``StudyFacts``), and the attributes through which a trial
+across machines is published to the agents."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from autotune.tuner.confirmation import Confirmation
+
+# The study attributes through which a trial across machines is published (tuner.fleet).
+NODE_TRIAL, NODE_REPORT = "node_trial", "node_report"
+
+
+@dataclass(frozen=True)
+class StudyFacts:
+    """What a study records of itself: where it was measured, what it tunes, its memory limit,
+    the machine's probe, and what the confirmation and the export left on it."""
+
+    name: str
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    space: Mapping[str, Any] = field(default_factory=dict)
+    memory_limit_bytes: int | None = None
+    memory_limit_spec: str | None = None
+    probe: Mapping[str, Any] | None = None
+    flops: Mapping[str, Any] = field(default_factory=dict)  # counted once per study
+    unapplied: Mapping[str, str] | None = None  # knobs a script never applies, and why
+    confirmation: Confirmation | None = None
+    diagnosis: tuple[Mapping[str, Any], ...] = ()  # the exported winner's, for the dashboard
+
+    @property
+    def device(self) -> str:
+        return str(self.fingerprint.get("device", "cpu"))
+
+    @property
+    def made_by_run(self) -> bool:
+        """Whether `autotune run` made it (it records the fingerprint first)."""
+        return isinstance(self.fingerprint, Mapping) and bool(self.fingerprint)
+
+
+def read_facts(study: optuna.Study) -> StudyFacts:
+    a = study.user_attrs
+    conf = a.get("confirmation")
+    return StudyFacts(
+        name=study.study_name, fingerprint=dict(a.get("fingerprint") or {}),
+        workload=dict(a.get("workload") or {}), space=dict(a.get("space") or {}),
+        memory_limit_bytes=a.get("memory_limit_bytes"),
+        memory_limit_spec=a.get("memory_limit_spec"), probe=a.get("probe"),
+        flops=dict(a.get("flops") or {}), unapplied=a.get("unapplied"),
+        confirmation=Confirmation.from_dict(conf) if conf else None,
+        diagnosis=tuple(a.get("diagnosis") or ()))
+
+
+def node_trial(study: optuna.Study) -> dict[str, Any]:
+    """The trial across machines the tuner publishes now (read anew from the storage)."""
+    return dict(study.user_attrs.get(NODE_TRIAL) or {})
+
+
+def node_reports(study: optuna.Study) -> list[Mapping[str, Any]]:
+    """What the agents said of how their part of a trial ended (read anew)."""
+    return [v for k, v in study.user_attrs.items() if k.startswith(f"{NODE_REPORT}:")]
