@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
@@ -13,6 +14,34 @@ def test_config_round_trip_and_samples_per_step() -> None:
     config = Config(micro_batch_size=16, grad_accum_steps=4, amp="bf16", world_size=2)
     assert Config.from_dict(config.to_dict()) == config
     assert config.samples_per_step == 16 * 4 * 2
+
+
+def test_a_config_is_its_own_key() -> None:
+    """Equal configs are one key, however they were built: directly, from the dict form (also
+    after JSON), from a dict that leaves the defaults out or spells a value another way
+    (``from_dict`` fills the defaults and gives each value its canonical spelling)."""
+    config = Config(micro_batch_size=16, amp="bf16", nccl_algo="Tree,Ring", world_size=2)
+    same = [
+        Config(micro_batch_size=16, amp="bf16", nccl_algo="Tree,Ring", world_size=2),
+        Config.from_dict(config.to_dict()),
+        Config.from_dict(json.loads(json.dumps(config.to_dict()))),
+        Config.from_dict({"world_size": 2, "amp": "BF16", "micro_batch_size": 16,
+                          "nccl_algo": "tree,ring"}),
+        Config.from_dict({**Config().to_dict(), "micro_batch_size": 16, "amp": "bf16",
+                          "nccl_algo": "Tree,Ring", "world_size": 2}),
+    ]
+    for other in same:
+        assert other == config and hash(other) == hash(config)
+    assert len({config, *same}) == 1
+    assert {config: "measured"}[same[-2]] == "measured"
+    assert Config.from_dict({}) == Config() and hash(Config.from_dict({})) == hash(Config())
+    # A config that differs in any one knob is another key.
+    others = {replace(config, **{name: value}) for name, value in [
+        ("micro_batch_size", 32), ("amp", "off"), ("nccl_algo", "Ring"), ("world_size", 4),
+        ("prefetch_factor", 2), ("pin_memory", True)]}
+    assert len(others) == 6 and config not in others
+    with pytest.raises(FrozenInstanceError):
+        config.amp = "off"  # type: ignore[misc]
 
 
 def test_config_rejects_unknown_keys() -> None:
