@@ -1,12 +1,14 @@
 """The `autotune` command. Thin: each command parses, calls one function, prints.
 
 A domain error becomes one line on stderr and exit code 2 (usage) or 1 (runtime); a traceback only
-with --debug.
+with --debug. `autotune run`'s flags are declared once, on the fields of ``RunOptions``, and
+become its parameters here.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import signal
 import sys
@@ -18,20 +20,18 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from autotune.errors import AutotuneError, UsageError, disk_full
-from autotune.trial.spec import MeasureSettings
+from autotune.flags import BoundFlag
 from autotune.tuner import options
 
 if TYPE_CHECKING:
     from autotune.profile import Profile
+    from autotune.tuner.reporting import RunSummary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest way to train a model on this machine, by measuring it.")
 
 F = TypeVar("F", bound=Callable[..., Any])
 Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
-# The run's defaults, defined once: the measuring settings in trial.spec, the rest in
-# tuner.options (both light: no torch, no Optuna).
-MEASURE = MeasureSettings()
 DEFAULT_STORAGE = options.DEFAULT_STORAGE
 
 
@@ -86,81 +86,33 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _parameter(flag: BoundFlag) -> inspect.Parameter:
+    """The typer parameter of one of RunOptions' flags."""
+    info = typer.Argument(help=flag.flag.help, show_default=False) if flag.flag.argument else \
+        typer.Option(*flag.flag.names, help=flag.flag.help)
+    return inspect.Parameter(flag.param, inspect.Parameter.KEYWORD_ONLY, default=flag.default,
+                             annotation=Annotated[flag.takes, info])
+
+
+def with_run_flags(func: Callable[..., None]) -> Callable[..., None]:
+    """Give ``func`` RunOptions' flags as parameters in place of its ``**flags``, ahead of its
+    own (typer reads a command's parameters from its signature)."""
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+           for p in inspect.signature(func, eval_str=True).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params = [*map(_parameter, options.run_flags()), *own]
+    func.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return func
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @guarded
+@with_run_flags
 def run(
-    command: Annotated[list[str] | None, typer.Argument(
-        help="Your own training script, after --, run as typed as each trial: e.g. "
-             "-- torchrun --nproc-per-node 2 train.py --data d/. The script must load the "
-             "candidate with autotune.load_profile(), apply it with the profile's methods, and "
-             "report each optimizer step: autotune.step() and autotune.should_stop(), or "
-             "AutotuneCallback from autotune.integrations.hf / autotune.integrations.lightning",
-        show_default=False)] = None,
-    model: Annotated[str, typer.Option(
-        "--model", "-m",
-        help="Built-in workload (see `autotune list`), pkg.module:function, or path/to/file.py")
-    ] = "bert",
-    param: Annotated[list[str] | None, typer.Option(
-        "--param", "-p", help="Workload parameter name=value, repeatable (--param seq_len=256)")
-    ] = None,
-    space: Annotated[str, typer.Option(
-        help="Search space: built-in name or YAML file")] = "default",
-    storage: Annotated[str | None, typer.Option(
-        help=f"Optuna storage URL (default: {DEFAULT_STORAGE})")] = None,
-    study: Annotated[str | None, typer.Option(
-        help="Study name (default: workload-space-<hash of params, space, hardware>)")] = None,
-    trials: Annotated[int | None, typer.Option(
-        help="Measured trials the study should have (repeats of a measured config do not "
-             "count); rerunning the command resumes towards it")] = None,
-    timeout: Annotated[str | None, typer.Option(
-        help="Wall-time budget of this run, e.g. 10m (default: 12m when --trials is not given)")
-    ] = None,
-    nproc: Annotated[int | None, typer.Option(
-        help="Ranks per trial, started through torchrun (nccl on GPUs, gloo on CPU) (default: "
-             "one per visible GPU, 1 on CPU)")] = None,
-    nnodes: Annotated[int, typer.Option(
-        help="Machines per trial, each running --nproc ranks, meeting at torchrun's c10d "
-             "rendezvous (--rdzv-endpoint); the other machines run `autotune agent`, or "
-             "--launcher starts them")] = 1,
-    rdzv_endpoint: Annotated[str | None, typer.Option(
-        help="HOST:PORT of the rendezvous of trials across machines (with --nnodes)")] = None,
-    launcher: Annotated[str | None, typer.Option(
-        help="Cluster launcher template that starts {cmd} (torchrun) on every node of a "
-             "trial, e.g. 'srun --nodes 2 --ntasks-per-node 1 {cmd}' (with --nnodes)")] = None,
-    global_batch: Annotated[int | None, typer.Option(
-        help="Keep micro-batch x accumulation x ranks at this many samples per optimizer step "
-             "(accumulation is derived), so tuning never changes the training semantics")
-    ] = None,
-    memory_limit: Annotated[str | None, typer.Option(
-        help="Memory limit: a size (20GiB) or a fraction (0.8); per rank on GPUs, for all ranks "
-             "together on CPU, where they share the RAM (default: 90% of GPU memory, 80% of "
-             "available RAM on CPU)")] = None,
-    out: Annotated[Path | None, typer.Option(
-        help="Directory for the profile and trial logs (default: studies/<study>)")] = None,
-    seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
-    trial_timeout: Annotated[str, typer.Option(
-        help="Hard limit per trial (process start to exit)")
-    ] = f"{options.DEFAULT_TRIAL_TIMEOUT_S:g}s",
-    trial_seconds: Annotated[float, typer.Option(
-        help="Measuring budget per trial, warm-up included")] = MEASURE.max_seconds,
-    window_seconds: Annotated[float, typer.Option(
-        help="Minimum length of one timed window")] = MEASURE.min_window_s,
-    patience: Annotated[int, typer.Option(
-        help="Stop when this many trials in a row beat the best by no more than the noise "
-             "(0: never stop early)")] = options.PATIENCE,
-    confirm_top: Annotated[int, typer.Option(
-        help="Configs re-measured at the end, interleaved with the baseline, to pick the "
-             "winner (0: no confirmation)")] = options.CONFIRM_TOP,
-    confirm_rounds: Annotated[int, typer.Option(
-        help="Interleaved rounds of that re-measurement")] = options.CONFIRM_ROUNDS,
-    prune: Annotated[bool, typer.Option(
-        help="Stop trials whose first windows are clearly below the best")] = True,
-    probe: Annotated[bool, typer.Option(
-        help="Read this machine's measured peaks (probing it once per fingerprint, seconds on "
-             "a CPU) for MFU and the diagnosis")] = True,
     json_: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object per event on stdout, for scripts")] = False,
     debug: Debug = False,
+    **flags: object,
 ) -> None:
     """Tune a workload, or your own training script (after --), on this machine and export
     the winner as a profile."""
@@ -169,23 +121,19 @@ def run(
     from autotune.report import write_dashboard
     from autotune.tuner.runner import run as run_study
 
-    command = command or []
-    opts = options.from_flags(
-        hw=detect(), param=param or [], timeout=timeout, trial_timeout=trial_timeout,
-        trial_seconds=trial_seconds, window_seconds=window_seconds, patience=patience,
-        model=model, space=space, storage=storage, study_name=study, trials=trials,
-        memory_limit=memory_limit, out_dir=out, seed=seed, nproc=nproc,
-        global_batch=global_batch, confirm_top=confirm_top, confirm_rounds=confirm_rounds,
-        prune=prune, probe=probe, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-        launcher=launcher, command=tuple(command[1:] if command[:1] == ["--"] else command))
+    opts = options.from_flags(flags, detect())
     _sigterm_as_interrupt()
     summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter(), write_dashboard)
     if summary.best is None:
-        counts = ", ".join(f"{n} {s}" for s, n in
-                           sorted(Counter(t.status for t in summary.trials).items()))
-        raise AutotuneError(f"no configuration was measured successfully ({counts or 'no trials'})"
-                            f"; read the trial logs under {summary.out_dir / 'trials'}, or give "
-                            "more time (--timeout, --trial-seconds) or memory (--memory-limit)")
+        raise _nothing_measured(summary)
+
+
+def _nothing_measured(summary: RunSummary) -> AutotuneError:
+    counts = ", ".join(f"{n} {s}" for s, n in
+                       sorted(Counter(t.status for t in summary.trials).items()))
+    return AutotuneError(f"no configuration was measured successfully ({counts or 'no trials'})"
+                         f"; read the trial logs under {summary.out_dir / 'trials'}, or give "
+                         "more time (--timeout, --trial-seconds) or memory (--memory-limit)")
 
 
 @app.command()

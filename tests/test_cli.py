@@ -13,8 +13,8 @@ from autotune.errors import UsageError, WorkloadError
 runner = CliRunner()
 
 
-def run(*args: str):
-    return runner.invoke(app, list(args))
+def run(*args: str, **kwargs):
+    return runner.invoke(app, list(args), **kwargs)
 
 
 def one_error_line(result) -> str:
@@ -23,6 +23,19 @@ def one_error_line(result) -> str:
     assert len(errors) == 1, result.output
     assert "Traceback" not in result.output
     return errors[0]
+
+
+def test_run_lists_every_flag_of_the_options() -> None:
+    from autotune.tuner.options import run_flags
+
+    result = run("run", "--help", env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    for flag in run_flags():
+        for name in flag.flag.names:
+            assert all(part in result.output for part in name.split("/")), name
+        assert flag.flag.help[:40] in result.output
+    assert "--json" in result.output and "--debug" in result.output
+    assert "[default: 180s]" in result.output and "[default: 60.0]" in result.output
 
 
 def test_list_shows_workloads_and_spaces() -> None:

@@ -13,10 +13,9 @@ from autotune.testing.hardware import fake_cpu, fake_gpus
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import options
 from autotune.tuner.options import RunOptions, from_flags, memory_limit, problems
+from autotune.tuner.search import PATIENCE
 
 CPU = fake_cpu(cores=2, memory_gib=24)
-FLAGS = dict(param=[], timeout=None, trial_timeout="180s", trial_seconds=60.0,
-             window_seconds=1.0, patience=10)
 
 
 def test_good_options_have_no_problem() -> None:
@@ -63,13 +62,17 @@ def test_rank_and_batch_rules_follow_the_machine() -> None:
     assert problems(RunOptions(global_batch=0), CPU) == ["--global-batch must be >= 1, got 0"]
 
 
-def test_flags_are_parsed_and_checked_in_one_pass() -> None:
-    opts = from_flags(hw=CPU, **{**FLAGS, "param": ["hidden=32"], "timeout": "10m",
-                                 "patience": 0}, model="mlp")
+def test_flags_are_parsed_and_checked_in_one_pass(tmp_path: Path) -> None:
+    opts = from_flags({"param": ["hidden=32"], "timeout": "10m", "patience": 0, "model": "mlp",
+                       "trial_seconds": 30.0}, CPU)
     assert opts.params == {"hidden": 32} and opts.timeout_s == 600 and opts.patience is None
-    assert opts.measure == MeasureSettings() and opts.trial_timeout_s == 180
+    assert opts.measure == MeasureSettings(max_seconds=30) and opts.trial_timeout_s == 180
+    assert opts.hardware == CPU and opts.command == ()
+    (tmp_path / "train.py").write_text("")
+    script = ["python", str(tmp_path / "train.py")]
+    assert from_flags({"command": ["--", *script]}, CPU).command == tuple(script)
     with pytest.raises(UsageError) as raised:
-        from_flags(hw=CPU, **{**FLAGS, "timeout": "soon", "param": ["x"]}, trials=0)
+        from_flags({"timeout": "soon", "param": ["x"], "trials": 0}, CPU)
     message = str(raised.value)
     assert message.startswith("3 problems with the options: ")
     for part in ("--timeout must be a duration like 90s, 10m or 1h30m, got 'soon'",
@@ -89,19 +92,27 @@ def test_defaults_the_machine_and_the_budget_decide() -> None:
     assert RunOptions().nodes is None
 
 
-def test_the_cli_defaults_are_the_options_and_measure_defaults() -> None:
+def test_the_cli_defaults_are_the_options_defaults() -> None:
     import inspect
 
     from autotune import cli
 
-    defaults = {name: p.default for name, p in inspect.signature(cli.run).parameters.items()}
-    assert defaults["trial_seconds"] == MeasureSettings().max_seconds
-    assert defaults["window_seconds"] == MeasureSettings().min_window_s
-    assert defaults["patience"] == RunOptions().patience
-    assert defaults["confirm_top"] == RunOptions().confirm_top
-    assert defaults["confirm_rounds"] == RunOptions().confirm_rounds
-    assert defaults["trial_timeout"] == f"{RunOptions().trial_timeout_s:g}s"
-    assert cli.DEFAULT_STORAGE == RunOptions().storage_url
+    # `autotune run` takes its parameters from RunOptions' flags: given every default the
+    # command line hands over, the options are RunOptions' own defaults.
+    signature = inspect.signature(cli.run).parameters
+    names = {flag.param for flag in options.run_flags()}
+    assert names < set(signature) and set(signature) - names == {"json_", "debug"}
+    given = {name: signature[name].default for name in names}
+    assert from_flags(given, CPU) == RunOptions(hardware=CPU)
+    assert given["trial_timeout"] == "180s" and given["patience"] == PATIENCE
+
+
+def test_every_option_is_a_flag_or_set_by_code() -> None:
+    from dataclasses import fields
+
+    flagged = {flag.field for flag in options.run_flags()}
+    by_code = {f.name for f in fields(RunOptions)} - flagged
+    assert by_code == {"studies_dir", "headroom", "address_space_bytes", "hardware"}
 
 
 def test_memory_limit_defaults() -> None:
@@ -135,6 +146,6 @@ def test_a_bad_rank_count_or_hard_limit_is_one_problem_not_two() -> None:
     assert problems(RunOptions(nnodes=0, global_batch=64), CPU) == ["--nnodes must be >= 1, got 0"]
     # An unreadable --trial-timeout is not also "too short" for --trial-seconds.
     with pytest.raises(UsageError) as raised:
-        from_flags(hw=CPU, **{**FLAGS, "trial_timeout": "4min", "trial_seconds": 150.0})
+        from_flags({"trial_timeout": "4min", "trial_seconds": 150.0}, CPU)
     assert str(raised.value) == ("--trial-timeout must be a duration like 90s, 10m or 1h30m, "
                                  "got '4min'")
