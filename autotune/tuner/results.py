@@ -12,16 +12,20 @@ from typing import Any
 from autotune.config.knobs import Config, env_for
 from autotune.machine.probe import peak_for
 from autotune.profile import Profile
+from autotune.trial.measurement import Measurement
 from autotune.tuner import snapshot
 from autotune.tuner.diagnosis import Finding, diagnose, mfu
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.snapshot import Speedup, StudySnapshot
 
 
-def diagnose_record(snap: StudySnapshot, r: TrialRecord) -> list[Finding]:
+def diagnose_record(snap: StudySnapshot, r: TrialRecord,
+                    measurement: Measurement | None = None) -> list[Finding]:
     """What limits trial ``r``'s config, from its measurement (with the MFU the tuner
-    computed), the study's probe and what the study measured around it."""
-    return diagnose(r.measurement, r.config, device=snap.facts.device, limit=snap.limit,
+    computed; ``measurement``: the same with the profile's figures), the study's probe and
+    what the study measured around it."""
+    return diagnose(measurement or r.measurement, r.config, device=snap.facts.device,
+                    limit=snap.limit,
                     probe=dict(snap.facts.probe or {}) or None,
                     larger_over_limit=snap.larger_over_limit(r.config), tried=snap.tried(),
                     unapplied=snap.facts.unapplied)
@@ -92,11 +96,8 @@ def build_profile(snap: StudySnapshot, storage: str,
     result.update(eff.block())
     if baseline is not None:
         base_block.update(efficiency(snap, baseline, base_block["samples_per_sec"]).block())
-    findings = diagnose(replace(best.measurement, mfu=eff.mfu, peak_tflops=eff.peak_tflops),
-                        config, device=snap.facts.device, limit=snap.limit,
-                        probe=dict(snap.facts.probe or {}) or None,
-                        larger_over_limit=snap.larger_over_limit(config), tried=snap.tried(),
-                        unapplied=snap.facts.unapplied)
+    findings = diagnose_record(snap, best, replace(best.measurement, mfu=eff.mfu,
+                                                   peak_tflops=eff.peak_tflops))
     fingerprint = dict(snap.facts.fingerprint)
     return Profile(
         workload=dict(snap.facts.workload), config=config, env=env_for(config), result=result,
