@@ -1,89 +1,35 @@
 """The `autotune` command. Thin: each command parses, calls one function, prints.
 
 A domain error becomes one line on stderr and exit code 2 (usage) or 1 (runtime); a traceback only
-with --debug. `autotune run`'s flags are declared once, on the fields of ``RunOptions``, and
-become its parameters here.
+with --debug (``exits``). `autotune run`'s flags are declared once, on the fields of
+``RunOptions``, and become its parameters here; `autotune profile` is ``profile_commands``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
-import signal
 import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from autotune.errors import AutotuneError, UsageError, disk_full
+from autotune.errors import AutotuneError, UsageError
+from autotune.exits import Debug, guarded, parse_duration, parser_exit_code, sigterm_as_interrupt
 from autotune.flags import BoundFlag
+from autotune.profile_commands import ProfileArg, profile_app, read_profile
 from autotune.tuner import options
 
 if TYPE_CHECKING:
-    from autotune.profile import Profile
     from autotune.tuner.reporting import RunSummary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest way to train a model on this machine, by measuring it.")
-
-F = TypeVar("F", bound=Callable[..., Any])
-Debug = Annotated[bool, typer.Option(help="Show tracebacks")]
-DEFAULT_STORAGE = options.DEFAULT_STORAGE
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"autotune: error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def guarded(func: F) -> F:
-    """Turn AutotuneError into one line and an exit code; anything else too, unless --debug."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        debug = kwargs.get("debug") or os.environ.get("AUTOTUNE_DEBUG") == "1"
-        try:
-            return func(*args, **kwargs)
-        except AutotuneError as exc:
-            if debug:
-                raise
-            raise _fail(str(exc), exc.exit_code) from None
-        except KeyboardInterrupt:
-            raise _fail("interrupted", 130) from None
-        except typer.Exit:
-            raise  # a command's own exit code (e.g. a failed `profile check`)
-        except Exception as exc:
-            if debug:
-                raise
-            if (why := disk_full(exc)) is not None:
-                raise _fail(f"disk full ({why}); free space and run the command again", 1) from None
-            raise _fail(f"internal error: {type(exc).__name__}: {exc} "
-                        "(rerun with --debug for the traceback)", 1) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def parse_duration(text: str | None, flag: str) -> float | None:
-    """``90``, ``90s``, ``10m``, ``1h30m`` -> seconds; None for None."""
-    from autotune.units import parse_duration as parse
-
-    if text is None:
-        return None
-    try:
-        return parse(text, flag)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+app.add_typer(profile_app, name="profile")
+__all__ = ["app", "main", "parse_duration"]
 
 
 def _parameter(flag: BoundFlag) -> inspect.Parameter:
@@ -122,7 +68,7 @@ def run(
     from autotune.tuner.runner import run as run_study
 
     opts = options.from_flags(flags, detect())
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     summary = run_study(opts, JsonReporter() if json_ else ConsoleReporter(), write_dashboard)
     if summary.best is None:
         raise _nothing_measured(summary)
@@ -156,7 +102,7 @@ def agent(
     one; it joins every trial until the tuner's run ends."""
     from autotune.tuner.agent import serve
 
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     serve(storage, study, out, lambda line: print(line, flush=True),
           wait_s=parse_duration(wait, "--wait") or 600.0, allow_workload=allow_workload)
 
@@ -224,7 +170,7 @@ def list_(debug: Debug = False) -> None:
 def dashboard(
     study: Annotated[str | None, typer.Option(
         help="Study name (default: the only one, or the most recently started)")] = None,
-    storage: Annotated[str, typer.Option(help="Optuna storage URL")] = DEFAULT_STORAGE,
+    storage: Annotated[str, typer.Option(help="Optuna storage URL")] = options.DEFAULT_STORAGE,
     out: Annotated[Path | None, typer.Option(
         help="Where to write it (default: studies/<study>/dashboard.html)")] = None,
     open_: Annotated[bool, typer.Option("--open", help="Open it in a browser")] = False,
@@ -265,7 +211,7 @@ def dashboard(
 @app.command("studies")
 @guarded
 def studies(
-    storage: Annotated[str, typer.Option(help="Optuna storage URL")] = DEFAULT_STORAGE,
+    storage: Annotated[str, typer.Option(help="Optuna storage URL")] = options.DEFAULT_STORAGE,
     debug: Debug = False,
 ) -> None:
     """List the studies in a storage: measured trials, best samples/sec, speedup, last
@@ -286,124 +232,6 @@ def studies(
         typer.echo(f"{r['study']:<{width}}  {r['trials']:>6}  {best:>14}  {speedup:>7}  {when}")
 
 
-# -- profiles ------------------------------------------------------------------------------------
-
-profile_app = typer.Typer(no_args_is_help=True, help="Read, compare and re-check profiles.")
-app.add_typer(profile_app, name="profile")
-ProfileArg = Annotated[Path, typer.Argument(help="A profile.yaml written by `autotune run`")]
-
-
-def _load(path: Path) -> Profile:
-    """Load a profile; a fingerprint mismatch is one warning line on stderr, not a traceback."""
-    import warnings
-
-    from autotune.paths import shown
-    from autotune.profile import load_profile
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        profile = load_profile(path)
-    for w in caught:
-        typer.echo(f"autotune: warning: {shown(w.message)}", err=True)
-    return profile
-
-
-@profile_app.command("show")
-@guarded
-def profile_show(path: ProfileArg, debug: Debug = False) -> None:
-    """What a profile tuned, what it measured, and where."""
-    from autotune.paths import shown
-
-    profile = _load(path)
-    # A profile is data from elsewhere: its names and notes are shown, never sent raw.
-    lines = [f"profile    {path}", *profile.summary().splitlines()]
-    typer.echo("\n".join(shown(line) for line in lines))
-
-
-@profile_app.command("env")
-@guarded
-def profile_env(path: ProfileArg, debug: Debug = False) -> None:
-    """Shell `export` lines: the profile's environment and AUTOTUNE_PROFILE (for
-    `eval "$(autotune profile env P)"`)."""
-    import shlex
-
-    from autotune.profile import launch_env
-
-    profile = _load(path)
-    env = launch_env(profile, path, base={})
-    for key, value in env.items():
-        typer.echo(f"export {key}={shlex.quote(value)}")
-
-
-@profile_app.command("diff")
-@guarded
-def profile_diff(a: ProfileArg, b: ProfileArg, debug: Debug = False) -> None:
-    """What differs between two profiles: workload, config, env, results, fingerprint."""
-    from autotune.paths import shown
-    from autotune.profile import profile_diff as diff
-
-    lines = [shown(line) for line in diff(_load(a), _load(b))]
-    typer.echo("\n".join(lines) if lines else
-               "no differences in workload, config, env, results or fingerprint")
-
-
-@profile_app.command("check")
-@guarded
-def profile_check(
-    path: ProfileArg,
-    rounds: Annotated[int, typer.Option(help="Fresh trial processes; their median counts")] = 3,
-    threshold: Annotated[float, typer.Option(
-        help="Fail below this ratio of the recorded samples/sec")] = 0.9,
-    trial_timeout: Annotated[str, typer.Option(
-        help="Hard limit per round (process start to exit)")] = "600s",
-    allow_workload: Annotated[str | None, typer.Option(
-        help="Run the profile's workload although it is not built in (its spec, exactly as "
-             "the profile names it): checking imports and runs that code")] = None,
-    allow_edited: Annotated[bool, typer.Option(
-        help="Check a profile's script although it changed since it was tuned (its sha256 "
-             "differs): the result then measures the script as it is now")] = False,
-    debug: Debug = False,
-) -> None:
-    """Measure the profile's config again on this machine; exit 1 if it is slower than
-    --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
-    from autotune.machine.hardware import detect
-    from autotune.tuner.check import check_profile, check_target, check_workload, measure_settings
-    from autotune.units import format_bytes
-
-    profile = _load(path)
-    check_workload(profile, allow_workload, allow_edited)  # before anything is printed or run
-    hw = detect()
-    check_target(profile, hw)
-    budget = measure_settings(profile).max_seconds  # a bad result.measure: one line, exit 2
-    typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
-               f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
-               f"{profile.samples_per_sec:,.2f} samples/s")
-
-    def on_round(index: int, m: Any) -> None:
-        what = (f"{m.samples_per_sec:,.2f} samples/s, peak {format_bytes(m.peak_memory_bytes)}"
-                if m.ok else f"{m.status}: {m.reason}")
-        typer.echo(f"  round {index + 1}/{rounds}: {what}")
-
-    _sigterm_as_interrupt()
-    result = check_profile(profile, rounds=rounds, threshold=threshold, hw=hw,
-                           allow_workload=allow_workload, allow_edited=allow_edited,
-                           trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout")
-                           or 600.0, on_round=on_round)
-    recorded_peak = profile.result.get("peak_memory_bytes")
-    if result.peaks and recorded_peak:
-        typer.echo(f"peak memory {format_bytes(max(result.peaks))} (recorded "
-                   f"{format_bytes(recorded_peak)})")
-    if result.ratio is not None:
-        typer.echo(f"median {result.median:,.2f} samples/s vs recorded "
-                   f"{result.recorded:,.2f}: ratio {result.ratio:.3f} (threshold "
-                   f"{threshold:g})")
-    if not result.passed:
-        why = "; ".join(result.failures) or f"ratio below {threshold:g}"
-        typer.echo(f"FAIL: {why}", err=True)
-        raise typer.Exit(1)
-    typer.echo("PASS")
-
-
 @app.command("launch", context_settings={"allow_interspersed_args": False})
 @guarded
 def launch_command(
@@ -421,7 +249,7 @@ def launch_command(
     if not command:
         raise UsageError("no command to launch: put it after --, e.g. autotune launch "
                          "profile.yaml -- python train.py")
-    profile = _load(path)
+    profile = read_profile(path)
     for why in profile.refused_here():  # the script would refuse it when applying it
         raise UsageError(f"the profile cannot run here: {why}")
     env = launch_env(profile, path)
@@ -436,22 +264,13 @@ def launch_command(
 
 def main() -> None:
     """Console-script entry point. A usage error from the argument parser (an unknown flag, a
-    value of the wrong type) is one line and exit 2, like every other error here, instead of
-    the parser's boxed usage text."""
+    value of the wrong type) is one line and exit 2, like every other error here."""
     try:
         code = app(prog_name="autotune", standalone_mode=False)
-    except Exception as exc:  # typer's own copy of click raises its own exception classes
-        if getattr(exc, "exit_code", None) == 2 and hasattr(exc, "format_message"):
-            if not exc.format_message():  # no arguments: the help was printed, as asked
-                sys.exit(2)
-            ctx = getattr(exc, "ctx", None)
-            where = ctx.command_path if ctx is not None else "autotune"
-            print(f"autotune: error: {exc.format_message()}; `{where} --help` lists the "
-                  "options", file=sys.stderr)
-            sys.exit(2)
-        if type(exc).__name__ == "Abort":  # Ctrl-C outside a command
-            sys.exit(130)
-        raise
+    except Exception as exc:
+        if (exit_code := parser_exit_code(exc)) is None:
+            raise
+        sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
 

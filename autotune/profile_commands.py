@@ -1,0 +1,138 @@
+"""`autotune profile`: read, compare and re-check profiles.
+
+Each command loads the profile (a fingerprint mismatch is one warning line, not a traceback),
+calls one function, and prints. A profile is data from elsewhere: its names and notes are shown
+escaped, never sent raw to the terminal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from autotune.exits import Debug, guarded, parse_duration, sigterm_as_interrupt
+
+if TYPE_CHECKING:
+    from autotune.profile import Profile
+    from autotune.trial.measurement import Measurement
+    from autotune.tuner.check import CheckResult
+
+profile_app = typer.Typer(no_args_is_help=True, help="Read, compare and re-check profiles.")
+ProfileArg = Annotated[Path, typer.Argument(help="A profile.yaml written by `autotune run`")]
+
+
+def read_profile(path: Path) -> Profile:
+    """Load a profile; a fingerprint mismatch is one warning line on stderr, not a traceback."""
+    import warnings
+
+    from autotune.paths import shown
+    from autotune.profile import load_profile
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = load_profile(path)
+    for w in caught:
+        typer.echo(f"autotune: warning: {shown(w.message)}", err=True)
+    return profile
+
+
+@profile_app.command("show")
+@guarded
+def profile_show(path: ProfileArg, debug: Debug = False) -> None:
+    """What a profile tuned, what it measured, and where."""
+    from autotune.paths import shown
+
+    lines = [f"profile    {path}", *read_profile(path).summary().splitlines()]
+    typer.echo("\n".join(shown(line) for line in lines))
+
+
+@profile_app.command("env")
+@guarded
+def profile_env(path: ProfileArg, debug: Debug = False) -> None:
+    """Shell `export` lines: the profile's environment and AUTOTUNE_PROFILE (for
+    `eval "$(autotune profile env P)"`)."""
+    import shlex
+
+    from autotune.profile import launch_env
+
+    for key, value in launch_env(read_profile(path), path, base={}).items():
+        typer.echo(f"export {key}={shlex.quote(value)}")
+
+
+@profile_app.command("diff")
+@guarded
+def profile_diff(a: ProfileArg, b: ProfileArg, debug: Debug = False) -> None:
+    """What differs between two profiles: workload, config, env, results, fingerprint."""
+    from autotune.paths import shown
+    from autotune.profile import profile_diff as diff
+
+    lines = [shown(line) for line in diff(read_profile(a), read_profile(b))]
+    typer.echo("\n".join(lines) if lines else
+               "no differences in workload, config, env, results or fingerprint")
+
+
+@profile_app.command("check")
+@guarded
+def profile_check(
+    path: ProfileArg,
+    rounds: Annotated[int, typer.Option(help="Fresh trial processes; their median counts")] = 3,
+    threshold: Annotated[float, typer.Option(
+        help="Fail below this ratio of the recorded samples/sec")] = 0.9,
+    trial_timeout: Annotated[str, typer.Option(
+        help="Hard limit per round (process start to exit)")] = "600s",
+    allow_workload: Annotated[str | None, typer.Option(
+        help="Run the profile's workload although it is not built in (its spec, exactly as "
+             "the profile names it): checking imports and runs that code")] = None,
+    allow_edited: Annotated[bool, typer.Option(
+        help="Check a profile's script although it changed since it was tuned (its sha256 "
+             "differs): the result then measures the script as it is now")] = False,
+    debug: Debug = False,
+) -> None:
+    """Measure the profile's config again on this machine; exit 1 if it is slower than
+    --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
+    from autotune.machine.hardware import detect
+    from autotune.tuner.check import check_profile, check_target, check_workload, measure_settings
+
+    profile = read_profile(path)
+    check_workload(profile, allow_workload, allow_edited)  # before anything is printed or run
+    hw = detect()
+    check_target(profile, hw)
+    budget = measure_settings(profile).max_seconds  # a bad result.measure: one line, exit 2
+    typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
+               f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
+               f"{profile.samples_per_sec:,.2f} samples/s")
+    sigterm_as_interrupt()
+    result = check_profile(profile, rounds=rounds, threshold=threshold, hw=hw,
+                           allow_workload=allow_workload, allow_edited=allow_edited,
+                           trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout")
+                           or 600.0, on_round=lambda i, m: _show_round(i, rounds, m))
+    _show_verdict(profile, result, threshold)
+
+
+def _show_round(index: int, rounds: int, m: Measurement) -> None:
+    from autotune.units import format_bytes
+
+    what = (f"{m.samples_per_sec:,.2f} samples/s, peak {format_bytes(m.peak_memory_bytes)}"
+            if m.ok else f"{m.status}: {m.reason}")
+    typer.echo(f"  round {index + 1}/{rounds}: {what}")
+
+
+def _show_verdict(profile: Profile, result: CheckResult, threshold: float) -> None:
+    """The check's peak memory, ratio and PASS; FAIL and exit 1 when it did not pass."""
+    from autotune.units import format_bytes
+
+    recorded_peak = profile.result.get("peak_memory_bytes")
+    if result.peaks and recorded_peak:
+        typer.echo(f"peak memory {format_bytes(max(result.peaks))} (recorded "
+                   f"{format_bytes(recorded_peak)})")
+    if result.ratio is not None:
+        typer.echo(f"median {result.median:,.2f} samples/s vs recorded "
+                   f"{result.recorded:,.2f}: ratio {result.ratio:.3f} (threshold "
+                   f"{threshold:g})")
+    if not result.passed:
+        why = "; ".join(result.failures) or f"ratio below {threshold:g}"
+        typer.echo(f"FAIL: {why}", err=True)
+        raise typer.Exit(1)
+    typer.echo("PASS")
