@@ -127,8 +127,9 @@ def read_flags(cls: type[_Options], bound: tuple[BoundFlag, ...],
     not given keeps its field's default), and ``fixed`` field values; every value that does not
     read is one line in ``found``."""
     declared = {f.name: f for f in fields(cls)}
-    # Each value has the type its flag's form gives it; cls checks the names.
-    given: dict[str, Any] = dict(fixed)
+    # Each value is what its flag's form reads, the field's type (the tests read every default
+    # back into the defaults); cls checks the names.
+    given: dict[str, object] = dict(fixed)
     for flag in bound:
         if flag.param not in values:
             continue
