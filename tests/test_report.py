@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import optuna
 import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from autotune.report import PANELS
+from autotune.config.knobs import Config
+from autotune.report import PANELS, build_dashboard, gather
+from autotune.report.importance import MIN_TRIALS
+from autotune.tuner import snapshot
+from autotune.tuner.results import build_profile
 from tests.conftest import autotune
+
+GIB = 2**30
+IMPORTANCE = PANELS.index("Parameter importance (PED-ANOVA)")
 
 
 def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: Path) -> None:
@@ -27,6 +40,20 @@ def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: P
     assert "<b>MFU</b>" in text and "of the measured peak" in text and "<b>probe</b>" in text
     assert "<b>limits the winner</b>" in text
     assert not list(tuned_mlp.parent.glob("*.tmp"))
+    # The header states what the exported profile states: its speedup, with what it rests on,
+    # and its MFU (at the confirmed rate when the winner was confirmed).
+    profile = yaml.safe_load(tuned_mlp.read_text())
+    rows = dict(header(text))
+    kind = "confirmed side by side" if profile.get("confirmation") else \
+        "search windows, not confirmed"
+    if profile["speedup"] is not None:
+        assert rows["speedup"].startswith(f"{profile['speedup']:.2f}x ({kind})"), rows
+    if profile["result"].get("mfu") is not None:
+        assert rows["MFU"].startswith(f"{100 * profile['result']['mfu']:.1f}% "), rows
+    # Three trials say nothing about which knob matters: the panel says so, and draws no bar.
+    traces, layout = figure(text, IMPORTANCE)
+    assert traces == []
+    assert "not ranked yet: " in annotations(layout)
 
 
 def test_the_dashboard_command(tuned_mlp: Path, tmp_path: Path) -> None:
@@ -187,3 +214,170 @@ def test_a_signal_in_the_middle_of_a_request_still_stops_the_server(tmp_path: Pa
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- crafted studies: what the header and the importance panel say follows from the results --
+
+SPACE = {"micro_batch_size": IntDistribution(8, 256, log=True),
+         "amp": CategoricalDistribution(["off", "bf16"]),
+         "num_workers": IntDistribution(0, 4)}
+PEAK_TFLOPS = 1.0  # fp32: MFU is samples/s x FLOPs per sample / 1e12
+FLOPS = 1e9
+
+
+def _trial(config: Config, rate: float, *, baseline: bool = False,
+           spread: float | None = 0.02) -> optuna.trial.FrozenTrial:
+    """An ok trial as `autotune run` records it, with its MFU at its own rate."""
+    measurement = {"status": "ok", "samples_per_sec": rate, "spread_cv": spread,
+                   "peak_memory_bytes": GIB, "wall_s": 10.0,
+                   "windows": [{"samples": 64, "seconds": 64 / rate}] * 3,
+                   "flops_per_sample": FLOPS, "flops_source": "counted",
+                   "mfu": rate * FLOPS / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS}
+    params = {name: getattr(config, name) for name in SPACE}
+    return optuna.trial.create_trial(
+        params=params, distributions=dict(SPACE), value=rate,
+        user_attrs={"config": config.to_dict(), "status": "ok", "baseline": baseline,
+                    "measurement": measurement, "memory_limit_bytes": 16 * GIB})
+
+
+def _study(trials: list[optuna.trial.FrozenTrial],
+           confirmation: dict[str, Any] | None = None) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", study_name="crafted")
+    study.set_user_attr("fingerprint", {"device": "cpu", "torch_version": "2.5.0"})
+    study.set_user_attr("workload", {"spec": "mlp", "params": {}})
+    study.set_user_attr("memory_limit_bytes", 16 * GIB)
+    study.set_user_attr("probe", {"peak_tflops": {"fp32": PEAK_TFLOPS}, "flags": []})
+    if confirmation is not None:
+        study.set_user_attr("confirmation", confirmation)
+    for t in trials:
+        study.add_trial(t)
+    return study
+
+
+BASE, FAST = Config(micro_batch_size=32), Config(micro_batch_size=64)
+
+
+def _candidate(trial: int, config: Config, rates: list[float], baseline: bool) -> dict[str, Any]:
+    return {"trial": trial, "config": config.to_dict(), "samples_per_sec": rates,
+            "median": sum(rates) / len(rates), "spread_cv": 0.02, "peak_memory_bytes": GIB,
+            "baseline": baseline, "failures": []}
+
+
+def _search_won_more_than_confirmed(confirm: bool, spread: float | None = 0.02) -> optuna.Study:
+    """The default run's shape: the search trials read 2.16x, the confirmation's interleaved
+    rounds 1.63x (the baseline's trial ran cold, first)."""
+    trials = [_trial(BASE, 100.0, baseline=True), _trial(FAST, 216.0, spread=spread)]
+    confirmation = {
+        "measured_trials": 2, "rounds": 2, "planned_rounds": 2, "measure": {},
+        "decision": {"winner_trial": 1, "runner_up_trial": 0, "margin": 0.04,
+                     "decided_by": "median"},
+        "candidates": [_candidate(1, FAST, [160.0, 166.0], False),
+                       _candidate(0, BASE, [99.0, 101.0], True)]}
+    return _study(trials, confirmation if confirm else None)
+
+
+def header(text: str) -> list[tuple[str, str]]:
+    """The dashboard header's (label, text) rows."""
+    return [(html.unescape(k), html.unescape(v)) for k, v in
+            re.findall(r"<tr><td><b>(.*?)</b></td><td>(.*?)</td></tr>", text)]
+
+
+def figure(text: str, panel: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The traces and layout a panel of the dashboard draws, as plotly.js receives them."""
+    section = text.split(f'<section id="panel-{panel}">', 1)[1].split("</section>", 1)[0]
+    start = section.index("Plotly.newPlot(")
+    rest = section[section.index("[", start):]
+    decoder = json.JSONDecoder()
+    traces, end = decoder.raw_decode(rest)
+    layout, _ = decoder.raw_decode(rest[end:].lstrip(", \n"))
+    return traces, layout
+
+
+def annotations(layout: dict[str, Any]) -> str:
+    return " ".join(a.get("text", "") for a in layout.get("annotations", []))
+
+
+def test_the_headline_speedup_is_the_profiles_confirmed_side_by_side() -> None:
+    study = _search_won_more_than_confirmed(confirm=True)
+    rows = dict(header(build_dashboard(study)))
+    profile = build_profile(snapshot.read(study), "sqlite://")
+    assert profile is not None and profile.speedup == 1.63
+    assert rows["speedup"] == "1.63x (confirmed side by side)"
+    assert "2.16" not in rows["speedup"]
+    # Each figure says what it rests on: the confirmation's medians, the search trial's own.
+    assert rows["best"] == ("batch 64x1, fp32, workers 0: 163.00 samples/s (confirmed median; "
+                            "its search trial #1 measured 216.00)")
+    assert rows["baseline"].startswith("batch 32x1, fp32, workers 0: 100.00 samples/s "
+                                       "(confirmed median")
+
+
+def test_without_a_confirmation_the_speedup_is_the_search_trials_labelled_so() -> None:
+    study = _search_won_more_than_confirmed(confirm=False)
+    rows = dict(header(build_dashboard(study)))
+    profile = build_profile(snapshot.read(study), "sqlite://")
+    assert profile is not None and profile.speedup == 2.16
+    assert rows["speedup"] == "2.16x (search windows, not confirmed)"
+    assert rows["best"] == "batch 64x1, fp32, workers 0: 216.00 samples/s (search trial #1)"
+    # A single window has no spread: the profile claims no speedup, and neither does the header.
+    study = _search_won_more_than_confirmed(confirm=False, spread=None)
+    profile = build_profile(snapshot.read(study), "sqlite://")
+    assert profile is not None and profile.speedup is None
+    assert dict(header(build_dashboard(study)))["speedup"].startswith(
+        "none claimed: the search trials' figures come from a single timed window")
+
+
+def test_one_mfu_the_profiles_at_the_confirmed_rate(tmp_path: Path) -> None:
+    """The search trial measured 216 samples/s (21.6% MFU), the confirmation 163 (16.3%): the
+    header, the profile and its diagnosis all say 16.3%."""
+    from autotune.tuner.confirm import export
+
+    study = _search_won_more_than_confirmed(confirm=True)
+    profile = export(study, snapshot.read(study), "sqlite://", None, tmp_path / "p.yaml")
+    assert profile is not None and profile.result["mfu"] == 0.163
+    rows = header(build_dashboard(study))
+    (mfu,) = [text for label, text in rows if label == "MFU"]
+    assert mfu.startswith("16.3% of the measured peak at the confirmed samples/s")
+    limits = " ".join(text for label, text in rows if label == "limits the winner")
+    assert "16%" in limits and "22%" not in limits and "21.6" not in mfu
+    said = [f["evidence"]["mfu"] for f in profile.diagnosis if "mfu" in f["evidence"]]
+    assert said and set(said) == {0.163}
+
+
+def _importance_study(n: int, vary: bool = True) -> optuna.Study:
+    """``n`` measured trials; with ``vary``, micro-batch and precision change (larger and bf16
+    are faster) while loader workers never do."""
+    trials = []
+    for i in range(n):
+        micro = (8, 16, 32, 64, 128)[i % 5] if vary else 32
+        amp = ("off", "bf16")[(i // 5) % 2] if vary else "off"
+        rate = micro * (2.0 if amp == "bf16" else 1.0) + i % 3
+        trials.append(_trial(Config(micro_batch_size=micro, amp=amp), rate, baseline=i == 0))
+    return _study(trials)
+
+
+def test_importance_ranks_only_knobs_that_varied() -> None:
+    study = _importance_study(10)
+    imp = gather(study).importance
+    assert {name for name, _ in imp.ranked} == {"micro_batch_size", "amp"}
+    assert imp.unvaried == ("num_workers",) and imp.why_empty is None
+    assert sum(share for _, share in imp.ranked) == pytest.approx(1.0)
+    (bars,), layout = figure(build_dashboard(study), IMPORTANCE)
+    assert bars["type"] == "bar" and set(bars["y"]) == {"micro_batch_size", "amp"}
+    assert "never changed, not ranked: num_workers" in layout["xaxis"]["title"]["text"]
+
+
+def test_importance_says_why_it_ranks_nothing() -> None:
+    # Too few trials: not even the knobs that changed are ranked.
+    text = build_dashboard(_importance_study(MIN_TRIALS - 1))
+    traces, layout = figure(text, IMPORTANCE)
+    assert traces == []
+    words = annotations(layout)
+    assert f"not ranked yet: {MIN_TRIALS - 1} measured trial(s) with a rate; ranking needs " \
+        f"{MIN_TRIALS}" in words
+    assert "never changed, not ranked: num_workers" in words
+    # Enough trials, but none of the searched knobs ever changed.
+    traces, layout = figure(build_dashboard(_importance_study(10, vary=False)), IMPORTANCE)
+    assert traces == []
+    words = annotations(layout)
+    assert "nothing to rank: no searched knob changed among the 10 measured trials" in words
+    assert "never changed, not ranked: amp, micro_batch_size, num_workers" in words
