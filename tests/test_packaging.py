@@ -32,6 +32,16 @@ def test_distribution_name_is_ours() -> None:
     assert {"png", "postgres"} <= set(project["optional-dependencies"])
 
 
+def test_every_package_of_the_source_tree_is_shipped() -> None:
+    """The package list is explicit: a folder that becomes a package must be named there, or a
+    non-editable install lacks it (an editable one, as the tests use, would not notice)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts)
+             for p in (ROOT / "autotune").rglob("__init__.py") if "__pycache__" not in p.parts}
+    assert found - listed == set(), "packages missing from [tool.setuptools] packages"
+
+
 def test_wheel_ships_search_spaces_and_objectives(tmp_path: Path) -> None:
     wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
