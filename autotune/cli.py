@@ -214,22 +214,25 @@ def studies(
     storage: Annotated[str, typer.Option(help="Optuna storage URL")] = options.DEFAULT_STORAGE,
     debug: Debug = False,
 ) -> None:
-    """List the studies in a storage: measured trials, best samples/sec, speedup, last
-    activity."""
+    """List the studies in a storage: measured trials, the winner's samples/sec, its speedup
+    (confirmed side by side, or the search windows' own), last activity."""
     from autotune.paths import shown
     from autotune.tuner.results import list_studies
+    from autotune.tuner.snapshot import CONFIRMED
 
-    rows = [{**r, "study": shown(r["study"])} for r in list_studies(storage)]
+    rows = sorted(list_studies(storage), key=lambda r: str(r.last_activity), reverse=True)
     if not rows:
         typer.echo("no studies yet: `autotune run` starts one")
         return
-    width = max(len(r["study"]) for r in rows)
-    typer.echo(f"{'study':<{width}}  trials  best samples/s  speedup  last activity")
-    for r in sorted(rows, key=lambda r: str(r["last_activity"]), reverse=True):
-        best = "-" if r["best_samples_per_sec"] is None else f"{r['best_samples_per_sec']:,.2f}"
-        speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        when = r["last_activity"].strftime("%Y-%m-%d %H:%M") if r["last_activity"] else "-"
-        typer.echo(f"{r['study']:<{width}}  {r['trials']:>6}  {best:>14}  {speedup:>7}  {when}")
+    names = [shown(r.study) for r in rows]
+    width = max(len(n) for n in names)
+    typer.echo(f"{'study':<{width}}  trials  best samples/s  speedup              last activity")
+    for name, r in zip(names, rows, strict=True):
+        best = "-" if r.best_samples_per_sec is None else f"{r.best_samples_per_sec:,.2f}"
+        speedup = "-" if r.speedup is None else f"{r.speedup.value:.2f}x " + (
+            "confirmed" if r.speedup.kind == CONFIRMED else "search only")
+        when = r.last_activity.strftime("%Y-%m-%d %H:%M") if r.last_activity else "-"
+        typer.echo(f"{name:<{width}}  {r.trials:>6}  {best:>14}  {speedup:<19}  {when}")
 
 
 @app.command("launch", context_settings={"allow_interspersed_args": False})

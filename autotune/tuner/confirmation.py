@@ -13,9 +13,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from autotune.config.knobs import Config
+from autotune.profile.documents import ConfirmationDoc
 from autotune.tuner.search import HEADROOM, NOISE_FLOOR
 from autotune.units import format_duration
 
@@ -258,8 +259,9 @@ class Confirmation:
                    decision=StoredDecision.from_dict(d.get("decision") or {}),
                    measure=dict(d.get("measure") or {}), raw=dict(d))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.raw)
+    def to_doc(self) -> ConfirmationDoc:
+        """As the study and the profile hold it: the stored form, whole."""
+        return cast(ConfirmationDoc, dict(self.raw))
 
     def of(self, trial: int) -> Confirmed | None:
         return next((c for c in self.candidates if c.trial == trial), None)

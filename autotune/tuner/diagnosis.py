@@ -15,6 +15,7 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.machine.probe import peak_for
+from autotune.profile.documents import FindingDoc
 from autotune.trial.measurement import Measurement
 from autotune.units import format_bytes
 
@@ -54,6 +55,10 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_doc(self) -> FindingDoc:
+        """As a profile holds it."""
+        return {"kind": self.kind, "text": self.text, "evidence": dict(self.evidence)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Finding:

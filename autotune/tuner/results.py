@@ -7,11 +7,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
 
 from autotune.config.knobs import Config, env_for
 from autotune.machine.probe import peak_for
 from autotune.profile import Profile
+from autotune.profile.documents import (
+    BaselineDoc,
+    CompileDoc,
+    EfficiencyDoc,
+    RankDoc,
+    ResultDoc,
+)
 from autotune.trial.measurement import Measurement
 from autotune.tuner import snapshot
 from autotune.tuner.diagnosis import Finding, diagnose, mfu
@@ -41,7 +47,7 @@ class Efficiency:
     mfu: float | None
     peak_tflops: float | None
 
-    def block(self) -> dict[str, Any]:
+    def block(self) -> EfficiencyDoc:
         return {"flops_per_sample": self.flops_per_sample, "flops_source": self.flops_source,
                 "tflops": self.tflops, "mfu": self.mfu, "peak_tflops": self.peak_tflops}
 
@@ -95,28 +101,28 @@ def build_profile(snap: StudySnapshot, storage: str,
     eff = efficiency(snap, best, result["samples_per_sec"])
     result.update(eff.block())
     if baseline is not None:
-        base_block.update(efficiency(snap, baseline, base_block["samples_per_sec"]).block())
+        base_block.update(efficiency(snap, baseline, base_block.get("samples_per_sec")).block())
     findings = diagnose_record(snap, best, replace(best.measurement, mfu=eff.mfu,
                                                    peak_tflops=eff.peak_tflops))
     fingerprint = dict(snap.facts.fingerprint)
     return Profile(
         workload=dict(snap.facts.workload), config=config, env=env_for(config), result=result,
         baseline=base_block, speedup=None if speedup is None else speedup.value,
-        probe=dict(snap.facts.probe) if snap.facts.probe else None,
-        diagnosis=[f.to_dict() for f in findings], fingerprint=fingerprint,
+        probe=snap.facts.probe, diagnosis=[f.to_doc() for f in findings],
+        fingerprint=fingerprint,
         provenance={"study": snap.name, "storage": storage, "trials": len(snap.measured),
                     "global_batch": global_batch,
                     "repeats_reused": len(snap.records) - len(snap.measured),
                     "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "autotune_version": fingerprint.get("autotune_version")},
-        notes=notes, confirmation=conf.to_dict() if conf is not None else None)
+        notes=notes, confirmation=conf.to_doc() if conf is not None else None)
 
 
-def _result_block(snap: StudySnapshot, best: TrialRecord) -> dict[str, Any]:
+def _result_block(snap: StudySnapshot, best: TrialRecord) -> ResultDoc:
     """The winner's search-trial figures, and how they were measured (so `autotune profile
     check` measures them again the same way)."""
     m, config = best.measurement, best.config
-    result: dict[str, Any] = {
+    result: ResultDoc = {
         "samples_per_sec": round(m.samples_per_sec or 0.0, 4), "spread_cv": _round(m.spread_cv),
         "windows": len(m.windows), "step_time_s": m.step_time_s,
         "peak_memory_bytes": m.peak_memory_bytes, "memory_limit_bytes": snap.limit,
@@ -128,17 +134,19 @@ def _result_block(snap: StudySnapshot, best: TrialRecord) -> dict[str, Any]:
     # How it was measured: the search's settings, with any longer budget its steps needed.
     result["measure"] = {**source.measure_settings, **source.budget}
     if m.ranks:
-        result["ranks"] = [{k: r.get(k) for k in ("rank", "samples_per_sec", "peak_memory_bytes")}
+        result["ranks"] = [RankDoc(rank=int(r.get("rank") or 0),
+                                   samples_per_sec=r.get("samples_per_sec"),
+                                   peak_memory_bytes=r.get("peak_memory_bytes"))
                            for r in m.ranks]
     if m.applied:
-        result["applied"] = m.applied
+        result["applied"] = dict(m.applied)
     payback = compile_payback(snap, best)
     if payback is not None:
         result["compile"] = payback
     return result
 
 
-def compile_payback(snap: StudySnapshot, r: TrialRecord) -> dict[str, Any] | None:
+def compile_payback(snap: StudySnapshot, r: TrialRecord) -> CompileDoc | None:
     """For a compiled trial: what compiling cost, and after how many optimizer steps it pays
     for itself against the same config run eagerly, when the study measured that one (None
     for a trial that did not compile)."""
@@ -151,18 +159,18 @@ def compile_payback(snap: StudySnapshot, r: TrialRecord) -> dict[str, Any] | Non
     compiled = max([compiled, *same], key=lambda c: float(c.get("seconds") or 0.0))
     eager_config = replace(r.config, compile="off")
     eager = next((e for e in snap.measured if e.ok and e.config == eager_config), None)
-    out: dict[str, Any] = {"mode": compiled.get("mode"),
-                           "seconds": round(float(compiled.get("seconds", 0.0)), 2)}
+    out: CompileDoc = {"mode": compiled.get("mode"),
+                       "seconds": round(float(compiled.get("seconds", 0.0)), 2)}
     if eager is not None and eager.step_s is not None and r.step_s is not None:
         saved = eager.step_s - r.step_s
-        out.update(against_trial=eager.number, step_s=round(r.step_s, 4),
-                   eager_step_s=round(eager.step_s, 4),
-                   payback_steps=math.ceil(round(out["seconds"] / saved, 6))
-                   if saved > 0 else None)
+        out["against_trial"] = eager.number
+        out["step_s"] = round(r.step_s, 4)
+        out["eager_step_s"] = round(eager.step_s, 4)
+        out["payback_steps"] = math.ceil(round(out["seconds"] / saved, 6)) if saved > 0 else None
     return out
 
 
-def payback_words(payback: dict[str, Any]) -> str:
+def payback_words(payback: CompileDoc) -> str:
     """``compile default: 38.5s, pays for itself after 120 steps (against trial 4)``. The
     seconds are what the trial paid with the study's cache, which may already have held some
     of the graphs: a first compile elsewhere can take longer."""
@@ -177,13 +185,13 @@ def payback_words(payback: dict[str, Any]) -> str:
 
 
 def _baseline_block(baseline: TrialRecord | None, config: Config,
-                    global_batch: int | None) -> tuple[dict[str, Any], list[str]]:
+                    global_batch: int | None) -> tuple[BaselineDoc, list[str]]:
     """The baseline's figures, and the notes they call for."""
     if baseline is None:
         return ({"config": None, "samples_per_sec": None},
                 ["the baseline has not been measured yet: no speedup is claimed"])
     base_config = baseline.config
-    block = {"config": base_config.to_dict(),
+    block: BaselineDoc = {"config": base_config.to_dict(),
              "samples_per_sec": round(baseline.samples_per_sec or 0.0, 4),
              "spread_cv": _round(baseline.spread_cv),
              "peak_memory_bytes": baseline.peak_memory_bytes, "trial": baseline.number}
@@ -195,7 +203,7 @@ def _baseline_block(baseline: TrialRecord | None, config: Config,
     return block, notes
 
 
-def _confirmed(snap: StudySnapshot, result: dict[str, Any], base_block: dict[str, Any],
+def _confirmed(snap: StudySnapshot, result: ResultDoc, base_block: BaselineDoc,
                best: TrialRecord, notes: list[str]) -> None:
     """Put the confirmation's figures in the result and baseline blocks, with its notes."""
     conf = snap.confirmation

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
+from autotune.profile.documents import ProbeDoc
 from autotune.tuner.confirmation import Confirmation
 
 # The study attributes through which a trial across machines is published (tuner.fleet).
@@ -26,7 +27,7 @@ class StudyFacts:
     space: Mapping[str, Any] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
     memory_limit_spec: str | None = None
-    probe: Mapping[str, Any] | None = None
+    probe: ProbeDoc | None = None
     flops: Mapping[str, Any] = field(default_factory=dict)  # counted once per study
     unapplied: Mapping[str, str] | None = None  # knobs a script never applies, and why
     confirmation: Confirmation | None = None
@@ -49,7 +50,8 @@ def read_facts(study: optuna.Study) -> StudyFacts:
         name=study.study_name, fingerprint=dict(a.get("fingerprint") or {}),
         workload=dict(a.get("workload") or {}), space=dict(a.get("space") or {}),
         memory_limit_bytes=a.get("memory_limit_bytes"),
-        memory_limit_spec=a.get("memory_limit_spec"), probe=a.get("probe"),
+        memory_limit_spec=a.get("memory_limit_spec"),
+        probe=cast(ProbeDoc, dict(a["probe"])) if isinstance(a.get("probe"), dict) else None,
         flops=dict(a.get("flops") or {}), unapplied=a.get("unapplied"),
         confirmation=Confirmation.from_dict(conf) if conf else None,
         diagnosis=tuple(a.get("diagnosis") or ()))
