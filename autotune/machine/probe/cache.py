@@ -11,10 +11,11 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware
+from autotune.machine.probe.documents import CachedProbe
 
 PROBE_SCHEMA = "autotune.probe/v1"
 MAX_AGE_DAYS = 30.0
@@ -49,7 +50,7 @@ def max_age_days() -> float:
     return days
 
 
-def age_days(doc: dict[str, Any], now: datetime | None = None) -> float | None:
+def age_days(doc: CachedProbe, now: datetime | None = None) -> float | None:
     """Days since ``doc`` was measured (its ``created``), None where that is unreadable."""
     try:
         created = datetime.fromisoformat(str(doc.get("created")))
@@ -60,17 +61,25 @@ def age_days(doc: dict[str, Any], now: datetime | None = None) -> float | None:
     return ((now or datetime.now(UTC)) - created).total_seconds() / 86400
 
 
-def stored(hw: Hardware) -> dict[str, Any] | None:
-    """This machine's cache file, however old; None where absent, unreadable, or of another
-    schema."""
+def stored(hw: Hardware) -> CachedProbe | None:
+    """This machine's cache file, however old; None where absent, unreadable, of another
+    schema, or with figures that are not figures (each needs a number and a unit): then the
+    next probe measures again."""
     try:
         doc = json.loads(cache_path(hw).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == PROBE_SCHEMA else None
+    if not isinstance(doc, dict) or doc.get("schema") != PROBE_SCHEMA:
+        return None
+    figures = doc.get("figures")
+    if not isinstance(figures, dict) or not all(
+            isinstance(f, dict) and isinstance(f.get("value"), int | float)
+            and isinstance(f.get("unit"), str) for f in figures.values()):
+        return None
+    return cast(CachedProbe, doc)  # its schema and figures checked above
 
 
-def stale(doc: dict[str, Any]) -> str | None:
+def stale(doc: CachedProbe) -> str | None:
     """Why a cached probe is measured again (too old, or of no readable date), else None."""
     age = age_days(doc)
     if age is None:
@@ -81,14 +90,14 @@ def stale(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def cached(hw: Hardware) -> dict[str, Any] | None:
+def cached(hw: Hardware) -> CachedProbe | None:
     """This machine's cached measurements, or None (absent, unreadable, of another schema, or
     older than ``max_age_days()``: then the next probe measures again)."""
     doc = stored(hw)
     return doc if doc is not None and stale(doc) is None else None
 
 
-def save(hw: Hardware, doc: dict[str, Any]) -> None:
+def save(hw: Hardware, doc: CachedProbe) -> None:
     """Cache ``doc`` for this machine, atomically."""
     path = cache_path(hw)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import psutil
 
 from autotune.machine import nvml
+from autotune.machine.probe.documents import Figure, FigureDetails, LinkNow, Measured
 
 ALLREDUCE_BYTES = (2**20, 32 * 2**20, 256 * 2**20)
 NCCL_ALGOS = ("default", "Ring", "Tree")
@@ -111,11 +112,11 @@ def _best_rate(fn: Callable[..., Any], amount: float, sync: Callable[[], None],
     return best
 
 
-def _figure(value: float, unit: str, **extra: Any) -> dict[str, Any]:
-    return {"value": round(value, 4 if unit == "TFLOP/s" else 2), "unit": unit, **extra}
+def _figure(value: float, unit: str, **details: Unpack[FigureDetails]) -> Figure:
+    return Figure(value=round(value, 4 if unit == "TFLOP/s" else 2), unit=unit, **details)
 
 
-def measure_cpu() -> dict[str, Any]:
+def measure_cpu() -> Measured:
     """GEMM peak per dtype (the best of square sizes up to 2048) and copy bandwidth, all cores;
     ``contended``: why the GEMMs were taken under load, or None. A contended first try is
     measured once more (a passing job), and each figure is the better of the two."""
@@ -138,7 +139,7 @@ def measure_cpu() -> dict[str, Any]:
     return {"figures": figures, "contended": why}
 
 
-def _cpu_gemms() -> tuple[dict[str, Any], dict[str, Load]]:
+def _cpu_gemms() -> tuple[dict[str, Figure], dict[str, Load]]:
     """The GEMM peaks, each with the CPU share its threads got (``cpu_share``), and the
     ``Load`` of each dtype's block.
 
@@ -148,7 +149,8 @@ def _cpu_gemms() -> tuple[dict[str, Any], dict[str, Load]]:
     import torch
 
     threads = torch.get_num_threads()
-    figures, loads = {}, {}
+    figures: dict[str, Figure] = {}
+    loads: dict[str, Load] = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         best, size = 0.0, 0
         before, start = _cpu_clock(), time.perf_counter()
@@ -171,13 +173,13 @@ def _cpu_gemms() -> tuple[dict[str, Any], dict[str, Load]]:
     return figures, loads
 
 
-def measure_gpus() -> dict[str, Any]:
+def measure_gpus() -> Measured:
     """Per visible GPU: pinned and pageable copies both ways (256 MiB), device memory bandwidth
     (a 1 GiB copy), matmul peaks (8192^2); the PCIe link as NVML reads it under load."""
     import torch
 
-    figures: dict[str, Any] = {}
-    under_load: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
+    under_load: dict[str, LinkNow] = {}
     try:
         nv = nvml.binding()
         nv.nvmlInit()
@@ -202,14 +204,14 @@ def measure_gpus() -> dict[str, Any]:
     return {"figures": figures, "pcie_under_load": under_load}
 
 
-def _measure_gpu(dev: Any, nv: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _measure_gpu(dev: Any, nv: Any) -> tuple[dict[str, Figure], LinkNow | None]:
     import torch
 
     def sync() -> None:
         torch.cuda.synchronize(dev)
 
-    figures: dict[str, Any] = {}
-    link: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
+    link: LinkNow | None = None
     size = 256 * 2**20
     gpu = torch.empty(size, dtype=torch.uint8, device=dev)
     for kind, host in (("pinned", torch.empty(size, dtype=torch.uint8, pin_memory=True)),
@@ -259,22 +261,22 @@ def _bus_id(dev: Any) -> bytes:
             f"{props.pci_device_id:02x}.0").encode()
 
 
-def _link_now(nv: Any, dev: Any, copy: Callable[[], Any]) -> dict[str, Any]:
+def _link_now(nv: Any, dev: Any, copy: Callable[[], Any]) -> LinkNow | None:
     """The PCIe link NVML reports while copies keep it busy (an idle GPU trains down)."""
     import torch
 
     handle = nvml.call(nv.nvmlDeviceGetHandleByPciBusId, _bus_id(dev))
     if handle is None:
-        return {}
+        return None
     for _ in range(20):
         copy()
     gen = nvml.call(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle)
     width = nvml.call(nv.nvmlDeviceGetCurrPcieLinkWidth, handle)
     torch.cuda.synchronize(dev)
-    return {"gen": gen, "width": width, "under_load": True} if gen and width else {}
+    return {"gen": gen, "width": width, "under_load": True} if gen and width else None
 
 
-def measure_allreduce(algo: str) -> dict[str, Any] | None:
+def measure_allreduce(algo: str) -> Measured | None:
     """One rank of the all-reduce test (torchrun starts one per GPU; NCCL_ALGO is set in the
     environment): busbw per message size, as nccl-tests computes it. Rank 0 returns it."""
     import torch
@@ -294,7 +296,7 @@ def measure_allreduce(algo: str) -> dict[str, Any] | None:
             torch.cuda.synchronize(dev)
 
     world = dist.get_world_size()
-    figures = {}
+    figures: dict[str, Figure] = {}
     for size in ALLREDUCE_BYTES:
         t = torch.ones(size // 4, dtype=torch.float32, device=dev)
 
@@ -333,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args[0] == "cpu":
-        out: dict[str, Any] | None = measure_cpu()
+        out: Measured | None = measure_cpu()
     elif args[0] == "gpu":
         out = measure_gpus()
     else:

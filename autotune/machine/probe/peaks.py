@@ -5,10 +5,15 @@ below ``LOW_SHARE`` of it; degraded PCIe links named."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from autotune.machine import hardware
+from autotune.machine import cpu as cpu_info
+from autotune.machine.probe.documents import CpuRecord, ProbeDoc
+from autotune.machine.probe.inventory import GpuRecord
 from autotune.machine.probe.kernels import ALLREDUCE_BYTES
+
+# A figure's theoretical peak, what it is (or why there is none), and whether falling far below
+# it is a problem worth flagging.
+Theoretical = tuple[float | None, str | None, bool]
 
 LOW_SHARE = 0.5  # a measured figure below this share of its theoretical peak is flagged
 
@@ -27,19 +32,19 @@ GPU_DATASHEET: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
-def check(doc: dict[str, Any]) -> None:
+def check(doc: ProbeDoc) -> None:
     """Set each figure against its theoretical peak (``peak``, ``basis``, ``share``, ``low``)
     and add a flag line for each low figure and each degraded link."""
     figures = doc["figures"]
     gpus = {str(g["index"]): g for g in doc.get("gpus", [])}
     for name, fig in figures.items():
         peak, basis, flaggable = _theoretical(name, doc, gpus)
-        fig.update(peak=peak, basis=basis)
-        fig["share"] = round(fig["value"] / peak, 3) if peak else None
+        share = round(fig["value"] / peak, 3) if peak else None
+        fig["peak"], fig["basis"], fig["share"] = peak, basis, share
         fig["low"] = bool(flaggable and peak and fig["value"] < LOW_SHARE * peak)
-        if fig["low"]:
+        if fig["low"] and peak and share is not None:
             doc["flags"].append(f"{label(name)}: {fig['value']:g} {fig['unit']} is "
-                                f"{100 * fig['share']:.0f}% of the {peak:g} {fig['unit']} "
+                                f"{100 * share:.0f}% of the {peak:g} {fig['unit']} "
                                 f"theoretical ({basis})")
     for g in doc.get("gpus", []):
         line = degraded_link(g)
@@ -47,12 +52,12 @@ def check(doc: dict[str, Any]) -> None:
             doc["flags"].append(line)
 
 
-def degraded_link(g: dict[str, Any]) -> str | None:
+def degraded_link(g: GpuRecord) -> str | None:
     """``GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16``, or None. An idle GPU lowers its link
     generation to save power, so a generation below the best counts only when read under load
     (``under_load``); a narrower link, or a slot slower than the GPU, counts always."""
-    p = g.get("pcie") or {}
-    gen, width, max_gen, max_width = (p.get(k) for k in ("gen", "width", "max_gen", "max_width"))
+    p = g["pcie"]
+    gen, width, max_gen, max_width = p["gen"], p["width"], p["max_gen"], p["max_width"]
     if not (gen and width and max_gen and max_width):
         return None
     slow_gen = gen < max_gen and p.get("under_load")
@@ -65,8 +70,7 @@ def degraded_link(g: dict[str, Any]) -> str | None:
     return None
 
 
-def _theoretical(name: str, doc: dict[str, Any],
-                 gpus: dict[str, dict[str, Any]]) -> tuple[float | None, str | None, bool]:
+def _theoretical(name: str, doc: ProbeDoc, gpus: dict[str, GpuRecord]) -> Theoretical:
     """(peak, basis, whether falling far below it is a problem worth flagging)."""
     parts = name.split(".")
     if parts[0] == "cpu":
@@ -97,13 +101,13 @@ def _theoretical(name: str, doc: dict[str, Any],
     return None, None, False
 
 
-def _cpu_gemm_peak(dtype: str, cpu: dict[str, Any]) -> tuple[float | None, str | None, bool]:
+def _cpu_gemm_peak(dtype: str, cpu: CpuRecord) -> Theoretical:
     """cores x clock x FLOP per cycle of the widest FMA (two FMA units assumed): an estimate,
     for fp32 only; bf16 on AMX or AVX512-BF16 has no dependable public per-cycle figure."""
     mhz = cpu.get("max_mhz")
     if dtype != "fp32":
         return None, "no dependable theoretical figure for bf16 on CPUs", False
-    per_cycle, isa = fp32_flops_per_cycle(hardware.cpu_flags(), *hardware.cpu_vendor_family())
+    per_cycle, isa = fp32_flops_per_cycle(cpu_info.cpu_flags(), *cpu_info.cpu_vendor_family())
     if not mhz or not per_cycle:
         return None, "no theoretical figure: unknown clock or vector unit", False
     peak = cpu["cores"] * mhz * 1e6 * per_cycle / 1e12
@@ -127,7 +131,7 @@ def fp32_flops_per_cycle(flags: set[str], vendor: str | None,
     return 0, ""
 
 
-def _allreduce_peak(doc: dict[str, Any], size: int) -> tuple[float | None, str | None, bool]:
+def _allreduce_peak(doc: ProbeDoc, size: int) -> Theoretical:
     """Bus bandwidth is bounded by each GPU's slowest path to the others: its NVLinks when
     every pair is NVLink-connected, else its PCIe link. Small messages are latency-bound:
     only the largest size is held to the peak."""
@@ -139,9 +143,10 @@ def _allreduce_peak(doc: dict[str, Any], size: int) -> tuple[float | None, str |
         per_gpu = min((g["nvlink"]["links"] or 0) *
                       NVLINK_GBS_PER_LINK.get(g["compute_capability"][0], 25.0) for g in gpus)
         return float(per_gpu), "NVLink links x per-link bandwidth, one direction", largest
-    lanes = [(g["pcie"].get("max_gen"), g["pcie"].get("max_width")) for g in gpus]
-    if all(gen in PCIE_GBS_PER_LANE and width for gen, width in lanes):
-        peak = min(PCIE_GBS_PER_LANE[gen] * width for gen, width in lanes)
+    lanes = [(g["pcie"]["max_gen"], g["pcie"]["max_width"]) for g in gpus]
+    known = [(gen, width) for gen, width in lanes if gen in PCIE_GBS_PER_LANE and width]
+    if len(known) == len(lanes):
+        peak = min(PCIE_GBS_PER_LANE[gen] * width for gen, width in known)
         return round(peak, 1), "the slowest GPU's PCIe link, one direction", largest
     return None, None, False
 
