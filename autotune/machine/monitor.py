@@ -11,12 +11,32 @@ import contextlib
 import statistics
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal, NotRequired, TypedDict
 
 from autotune.machine import nvml
 
 INTERVAL_S = 0.1
 PCIE_EVERY = 10  # a PCIe throughput read samples for 20 ms inside NVML: once a second is enough
+
+# What a sample may hold; a GPU or driver that lacks a query leaves its field out.
+Field = Literal["gpu_util", "power_w", "temp_c", "memory_used_bytes", "pcie_tx_mbs",
+                "pcie_rx_mbs"]
+_FIELDS: tuple[Field, ...] = ("gpu_util", "power_w", "temp_c", "memory_used_bytes",
+                              "pcie_tx_mbs", "pcie_rx_mbs")
+
+
+class Sample(TypedDict):
+    """One GPU read once."""
+
+    t: float  # time.time()
+    gpu: int  # NVML's index
+    gpu_util: NotRequired[float]  # % of the time a kernel ran
+    memory_used_bytes: NotRequired[int]
+    power_w: NotRequired[float]
+    temp_c: NotRequired[float]
+    pcie_tx_mbs: NotRequired[float]  # read every PCIE_EVERY-th sample only
+    pcie_rx_mbs: NotRequired[float]
 
 
 class GpuMonitor:
@@ -28,7 +48,7 @@ class GpuMonitor:
 
     def __init__(self, indices: list[int], interval_s: float = INTERVAL_S, nv: Any = None) -> None:
         self.indices, self.interval_s, self._nv = list(indices), interval_s, nv
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,13 +73,14 @@ class GpuMonitor:
         return self
 
     def stop(self) -> list[dict[str, Any]]:
+        """Stop sampling; the samples, as the plain dicts the trial's launcher takes."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             with contextlib.suppress(Exception):
                 self._nv.nvmlShutdown()
             self._thread = None
-        return self.samples
+        return [dict(s) for s in self.samples]
 
     def summary(self, span: tuple[float, float] | None) -> dict[str, Any]:
         """The samples' statistics over ``span`` (the trial's timed windows): ``summarize``."""
@@ -70,37 +91,40 @@ class GpuMonitor:
         while not self._stop.is_set():
             t = time.time()
             for index, h in handles.items():
-                s: dict[str, Any] = {"t": t, "gpu": index}
-                util = nvml.call(nv.nvmlDeviceGetUtilizationRates, h)
-                if util is not None:
-                    s["gpu_util"] = float(util.gpu)
-                mem = nvml.call(nv.nvmlDeviceGetMemoryInfo, h)
-                if mem is not None:
-                    s["memory_used_bytes"] = int(mem.used)
-                power = nvml.call(nv.nvmlDeviceGetPowerUsage, h)
-                if power is not None:
-                    s["power_w"] = power / 1000.0
-                temp = nvml.call(nv.nvmlDeviceGetTemperature, h,
-                                 getattr(nv, "NVML_TEMPERATURE_GPU", 0))
-                if temp is not None:
-                    s["temp_c"] = float(temp)
-                if tick % PCIE_EVERY == 0:
-                    for key, counter in (("pcie_tx_mbs", "NVML_PCIE_UTIL_TX_BYTES"),
-                                         ("pcie_rx_mbs", "NVML_PCIE_UTIL_RX_BYTES")):
-                        kbs = nvml.call(nv.nvmlDeviceGetPcieThroughput, h,
-                                        getattr(nv, counter, 0 if "TX" in counter else 1))
-                        if kbs is not None:
-                            s[key] = kbs / 1000.0  # NVML reports KB/s
-                self.samples.append(s)
+                self.samples.append(_sample(nv, h, t, index, pcie=tick % PCIE_EVERY == 0))
             tick += 1
             self._stop.wait(max(0.0, self.interval_s - (time.time() - t)))
 
 
-_FIELDS = ("gpu_util", "power_w", "temp_c", "memory_used_bytes", "pcie_tx_mbs",
-           "pcie_rx_mbs")
+def _sample(nv: Any, h: Any, t: float, index: int, pcie: bool) -> Sample:
+    """GPU ``index`` (handle ``h``) read once; its PCIe throughput too when ``pcie``."""
+    s: Sample = {"t": t, "gpu": index}
+    util = nvml.call(nv.nvmlDeviceGetUtilizationRates, h)
+    if util is not None:
+        s["gpu_util"] = float(util.gpu)
+    mem = nvml.call(nv.nvmlDeviceGetMemoryInfo, h)
+    if mem is not None:
+        s["memory_used_bytes"] = int(mem.used)
+    power = nvml.call(nv.nvmlDeviceGetPowerUsage, h)
+    if power is not None:
+        s["power_w"] = power / 1000.0
+    temp = nvml.call(nv.nvmlDeviceGetTemperature, h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+    if temp is not None:
+        s["temp_c"] = float(temp)
+    if pcie:
+        # NVML reports KB/s.
+        tx = nvml.call(nv.nvmlDeviceGetPcieThroughput, h,
+                       getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0))
+        if tx is not None:
+            s["pcie_tx_mbs"] = tx / 1000.0
+        rx = nvml.call(nv.nvmlDeviceGetPcieThroughput, h,
+                       getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1))
+        if rx is not None:
+            s["pcie_rx_mbs"] = rx / 1000.0
+    return s
 
 
-def summarize(samples: list[dict[str, Any]],
+def summarize(samples: Sequence[Sample],
               span: tuple[float, float] | None = None) -> dict[str, Any]:
     """Statistics of the samples inside ``span`` (all of them when there is no span, or too few
     inside it): per GPU and over all GPUs, the mean and maximum of each field (minimum too for
@@ -112,8 +136,8 @@ def summarize(samples: list[dict[str, Any]],
     if not inside:
         return {}
 
-    def stats(group: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {"samples": len(group)}
+    def stats(group: list[Sample]) -> dict[str, float]:
+        out: dict[str, float] = {"samples": len(group)}
         for f in _FIELDS:
             values = [s[f] for s in group if f in s]
             if values:
