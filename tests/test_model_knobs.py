@@ -15,6 +15,8 @@ from autotune.testing.hardware import fake_cpu, fake_gpus
 from autotune.trial.launch import execute, plan
 from autotune.trial.measurement import COMPILE_LIMIT, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.tuner.record import StudyFacts, TrialRecord, read_trial
+from autotune.tuner.snapshot import StudySnapshot
 from autotune.workloads import WorkloadSpec, declared_knobs, resolve
 
 QUICK = MeasureSettings(min_window_s=0.1, max_seconds=4, target_cv=0.5, min_windows=2)
@@ -151,34 +153,40 @@ def test_the_optimizer_is_rebuilt_with_the_same_groups_and_hyperparameters() -> 
         rebuild_optimizer(Plain(model.parameters()), Config(optimizer_impl="fused"))
 
 
+def _snapshot(*records: TrialRecord) -> StudySnapshot:
+    return StudySnapshot(StudyFacts("study"), records, limit=2**40)
+
+
 def test_compile_pays_for_itself_after_the_steps_its_saving_buys_back() -> None:
     import optuna
 
     from autotune.tuner.results import compile_payback, payback_words
 
-    def trial(number: int, config: Config, rate: float, compiled: dict | None = None):  # noqa: ANN202
+    def trial(number: int, config: Config, rate: float,
+              compiled: dict | None = None) -> TrialRecord:
         t = optuna.trial.create_trial(value=rate, user_attrs={
             "config": config.to_dict(), "status": "ok",
             "measurement": {"samples_per_sec": rate, "compile": compiled or {}}})
         t.number = number
-        return t
+        record = read_trial(t)
+        assert record is not None
+        return record
 
     on = Config(micro_batch_size=8, compile="default")
     eager = trial(1, Config(micro_batch_size=8), 8.0)  # 1.0 s per step
     fast = trial(2, on, 10.0, {"mode": "default", "seconds": 40.0})  # 0.8 s per step
-    payback = compile_payback([eager, fast], fast)
+    payback = compile_payback(_snapshot(eager, fast), fast)
     assert payback is not None and payback["payback_steps"] == 200  # 40 s / 0.2 s per step
     assert payback_words(payback) == \
         "compile default: 40.0s with the study's cache, pays for itself after 200 steps " \
         "(against trial 1)"
     slow = trial(3, on, 7.0, {"mode": "default", "seconds": 40.0})
-    assert compile_payback([eager, slow], slow)["payback_steps"] is None  # type: ignore[index]
-    assert compile_payback([eager], eager) is None
-    alone = compile_payback([fast], fast)
+    never = compile_payback(_snapshot(eager, slow), slow)
+    assert never is not None and never["payback_steps"] is None
+    assert compile_payback(_snapshot(eager), eager) is None
+    alone = compile_payback(_snapshot(fast), fast)
     assert alone is not None and "no eager run" in payback_words(alone)
-    from autotune.tuner.results import view
-
-    assert view(fast).compile_s == 40.0 and view(eager).compile_s is None  # the trial line
+    assert fast.compile_s == 40.0 and eager.compile_s is None  # the trial line
 
 
 def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
@@ -186,7 +194,6 @@ def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
 
     from autotune.config.knobs import oversubscribed
     from autotune.tuner.record import of_rule
-    from autotune.tuner.results import view
 
     assert oversubscribed(Config(cpu_threads=1, num_workers=1), 2) is None
     assert oversubscribed(Config(num_workers=2), 2) is None  # threads left to torch
@@ -198,5 +205,6 @@ def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
     rec = of_rule(why, 2**30)
     t = optuna.trial.create_trial(state=rec.state, user_attrs={
         **rec.attrs, "config": Config(cpu_threads=1, num_workers=2).to_dict()})
-    v = view(t)
-    assert v.predicted and v.predicted_kind == "oversubscribed" and v.reason == why
+    v = read_trial(t)
+    assert v is not None and v.predicted and v.predicted_kind == "oversubscribed"
+    assert v.reason == why
