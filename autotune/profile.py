@@ -40,6 +40,8 @@ from autotune.trial.apply import (
 if TYPE_CHECKING:
     import torch
 
+    from autotune.integrations.lightning import TrainerKwargs
+
 # v2 added the model and process knobs (compile, optimizer_impl, matmul_precision, attention,
 # activation_checkpointing, cpu_threads); a v1 profile loads with their baseline values.
 SCHEMA_VERSION = 2
@@ -262,66 +264,29 @@ class Profile:
     def hf_training_args(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
         accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
-        profile tuned on a CPU and, with ranks, the DDP bucket size and static graph.
-        (TrainingArguments has no gradient-view option.)"""
-        c = self.config
-        kwargs: dict[str, Any] = {
-            "per_device_train_batch_size": c.micro_batch_size,
-            "gradient_accumulation_steps": c.grad_accum_steps,
-            "bf16": c.amp == "bf16", "fp16": c.amp == "fp16",
-            "dataloader_num_workers": c.num_workers,
-            # TrainingArguments pins by default; the profile says whether pinning paid.
-            "dataloader_pin_memory": c.pin_memory,
-        }
-        if c.num_workers > 0:
-            kwargs["dataloader_prefetch_factor"] = c.prefetch_factor or 2
-            kwargs["dataloader_persistent_workers"] = True
-        if self.fingerprint.get("device") == "cpu":
-            kwargs["use_cpu"] = True  # what was measured; also how HF allows bf16 on a CPU
-        if c.world_size > 1:
-            kwargs["ddp_bucket_cap_mb"] = c.ddp_bucket_cap_mb
-            if c.ddp_static_graph:
-                kwargs["ddp_static_graph"] = True
-        if c.compile != "off":
-            kwargs["torch_compile"] = True
-            if c.compile != "default":
-                kwargs["torch_compile_mode"] = c.compile
-        if c.matmul_precision == "high":
-            kwargs["tf32"] = True
-        # AdamW as the trials stepped it (the Trainer's own default is the fused one).
-        kwargs["optim"] = "adamw_torch_fused" if c.optimizer_impl == "fused" else "adamw_torch"
-        if c.activation_checkpointing:
-            name = _hf_checkpointing_name()
-            kwargs[name] = True
-            kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
-        return kwargs
+        profile tuned on a CPU and, with ranks, the DDP bucket size and static graph; compiling,
+        TF32, the AdamW implementation and activation checkpointing as the trials ran them
+        (``autotune.integrations.hf.training_args``)."""
+        from autotune.integrations.hf import training_args
+
+        return training_args(self)
 
     @_tracked
-    def lightning_trainer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for a Lightning ``Trainer``: ``precision``,
+    def lightning_trainer_kwargs(self) -> TrainerKwargs:
+        """Keyword arguments for a Lightning ``Trainer``
+        (``autotune.integrations.lightning.trainer_kwargs``): ``precision``,
         ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
-        the DDP arguments. Build the DataLoader with ``dataloader_kwargs()``. Needs ``lightning``
-        (or ``pytorch_lightning``) installed only when a strategy is made.
+        the DDP arguments. Build the DataLoader with ``dataloader_kwargs()``.
 
         Lightning's Trainer takes none of the model knobs: call ``apply_torch_flags()`` at
         start, ``prepare_model(self.model)`` in your LightningModule's ``configure_model``, and
         pass ``optimizer_kwargs()`` to the optimizer ``configure_optimizers`` builds."""
-        c = self.config
-        precision = {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(c.amp, "32-true")
-        kwargs: dict[str, Any] = {"precision": precision,
-                                  "accumulate_grad_batches": c.grad_accum_steps}
-        if c.world_size > 1:
-            try:
-                from lightning.pytorch.strategies import DDPStrategy
-            except ImportError:
-                try:
-                    from pytorch_lightning.strategies import DDPStrategy
-                except ImportError:
-                    raise ProfileError("lightning_trainer_kwargs() needs Lightning for its DDP "
-                                       "strategy: pip install lightning") from None
-            kwargs["strategy"] = DDPStrategy(**self.ddp_kwargs())
-            kwargs["devices"] = c.world_size
-        return kwargs
+        try:
+            from autotune.integrations.lightning import trainer_kwargs
+        except ImportError:
+            raise ProfileError("lightning_trainer_kwargs() needs Lightning: pip install "
+                               "lightning") from None
+        return trainer_kwargs(self)
 
     # -- reading it -----------------------------------------------------------------------------
 
@@ -400,20 +365,6 @@ class Profile:
         tmp.write_text(self.to_yaml())
         os.replace(tmp, path)
         return path
-
-
-def _hf_checkpointing_name() -> str:
-    """TrainingArguments' name for activation checkpointing: transformers 5.x renamed
-    ``gradient_checkpointing`` to ``activation_checkpointing``."""
-    try:
-        import inspect
-
-        from transformers import TrainingArguments
-    except ImportError:
-        return "gradient_checkpointing"
-    params = inspect.signature(TrainingArguments.__init__).parameters
-    return "activation_checkpointing" if "activation_checkpointing" in params \
-        else "gradient_checkpointing"
 
 
 def _device_type(device: str | torch.device | None) -> str:

@@ -111,6 +111,24 @@ def test_importing_autotune_imports_no_framework() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_script_on_the_older_pytorch_lightning_gets_that_packages_strategy() -> None:
+    """A Trainer takes only its own package's callbacks and strategies: a script that imported
+    pytorch_lightning alone gets both from it, and its Trainer takes them."""
+    pytest.importorskip("pytorch_lightning")
+    fixture = ROOT / "tests" / "data" / "profile_v1_ddp.yaml"  # two ranks: a DDP strategy
+    code = ("import sys, pytorch_lightning as pl; from autotune import load_profile; "
+            "from autotune.integrations.lightning import AutotuneCallback; "
+            f"kwargs = load_profile({str(fixture)!r}, check_fingerprint=False)"
+            ".lightning_trainer_kwargs(); "
+            "pl.Trainer(logger=False, enable_checkpointing=False, accelerator='cpu', "
+            "callbacks=[AutotuneCallback()], **kwargs); "
+            "print(type(kwargs['strategy']).__module__, 'lightning.pytorch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["pytorch_lightning.strategies.ddp", "False"], out.stdout
+
+
 def test_the_lightning_callback_counts_a_batchs_leading_dimension() -> None:
     pytest.importorskip("lightning")
     import torch

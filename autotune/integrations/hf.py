@@ -1,23 +1,78 @@
-"""A Hugging Face ``Trainer`` callback that makes a training script tunable by ``autotune run
--- CMD``: it reports each optimizer step and stops training when the tuner has measured enough.
+"""Hugging Face's ``Trainer`` and a profile: the ``TrainingArguments`` a profile sets
+(``training_args``, which ``Profile.hf_training_args`` returns), and a callback that makes the
+script tunable by ``autotune run -- CMD``: it reports each optimizer step and stops training when
+the tuner has measured enough.
 
     from autotune.integrations.hf import AutotuneCallback
 
-    trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
+    args = TrainingArguments(output_dir="out", **profile.hf_training_args())
+    trainer = Trainer(model=model, args=args, train_dataset=dataset,
                       callbacks=[AutotuneCallback()])
 
-Outside a trial it does nothing: the script stays the production script.
+Outside a trial the callback does nothing: the script stays the production script.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 from autotune import steps
+
+if TYPE_CHECKING:
+    from autotune.profile import Profile
+
+
+def training_args(profile: Profile) -> dict[str, Any]:
+    """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
+    accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
+    profile tuned on a CPU and, with ranks, the DDP bucket size and static graph; compiling,
+    TF32, the AdamW implementation and activation checkpointing as the trials ran them.
+    (TrainingArguments has no gradient-view option.) Keys vary with the transformers version:
+    a dict, not a fixed type."""
+    c = profile.config
+    kwargs: dict[str, Any] = {
+        "per_device_train_batch_size": c.micro_batch_size,
+        "gradient_accumulation_steps": c.grad_accum_steps,
+        "bf16": c.amp == "bf16", "fp16": c.amp == "fp16",
+        "dataloader_num_workers": c.num_workers,
+        # TrainingArguments pins by default; the profile says whether pinning paid.
+        "dataloader_pin_memory": c.pin_memory,
+    }
+    if c.num_workers > 0:
+        kwargs["dataloader_prefetch_factor"] = c.prefetch_factor or 2
+        kwargs["dataloader_persistent_workers"] = True
+    if profile.fingerprint.get("device") == "cpu":
+        kwargs["use_cpu"] = True  # what was measured; also how HF allows bf16 on a CPU
+    if c.world_size > 1:
+        kwargs["ddp_bucket_cap_mb"] = c.ddp_bucket_cap_mb
+        if c.ddp_static_graph:
+            kwargs["ddp_static_graph"] = True
+    if c.compile != "off":
+        kwargs["torch_compile"] = True
+        if c.compile != "default":
+            kwargs["torch_compile_mode"] = c.compile
+    if c.matmul_precision == "high":
+        kwargs["tf32"] = True
+    # AdamW as the trials stepped it (the Trainer's own default is the fused one).
+    kwargs["optim"] = "adamw_torch_fused" if c.optimizer_impl == "fused" else "adamw_torch"
+    if c.activation_checkpointing:
+        name = _checkpointing_name()
+        kwargs[name] = True
+        kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
+    return kwargs
+
+
+def _checkpointing_name() -> str:
+    """TrainingArguments' name for activation checkpointing: transformers 5.x renamed
+    ``gradient_checkpointing`` to ``activation_checkpointing``."""
+    params = inspect.signature(TrainingArguments.__init__).parameters
+    return "activation_checkpointing" if "activation_checkpointing" in params \
+        else "gradient_checkpointing"
 
 
 class AutotuneCallback(TrainerCallback):

@@ -1,34 +1,77 @@
-"""A Lightning callback that makes a training script tunable by ``autotune run -- CMD``: it
-reports each optimizer step and stops ``fit`` when the tuner has measured enough.
+"""Lightning's ``Trainer`` and a profile: the ``Trainer`` arguments a profile sets
+(``trainer_kwargs``, which ``Profile.lightning_trainer_kwargs`` returns), and a callback that
+makes the script tunable by ``autotune run -- CMD``: it reports each optimizer step and stops
+``fit`` when the tuner has measured enough.
 
     from autotune.integrations.lightning import AutotuneCallback
 
-    trainer = pl.Trainer(..., callbacks=[AutotuneCallback()])
+    trainer = pl.Trainer(..., callbacks=[AutotuneCallback()],
+                         **profile.lightning_trainer_kwargs())
 
-Outside a trial it does nothing: the script stays the production script. Works with
+Outside a trial the callback does nothing: the script stays the production script. Works with
 ``lightning.pytorch`` and with the older ``pytorch_lightning``.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from autotune import steps
 
-# A Trainer accepts only its own package's callbacks: follow a script that imported the older
-# pytorch_lightning alone; else the current package.
 if TYPE_CHECKING:
-    from lightning.pytorch import Callback
-elif "pytorch_lightning" in sys.modules and "lightning.pytorch" not in sys.modules:
-    from pytorch_lightning import Callback
-else:
+    from autotune.profile import Profile
+
+
+def package() -> str:
+    """The Lightning package a script's Trainer comes from: a Trainer accepts only its own
+    package's callbacks and strategies. The older ``pytorch_lightning`` when the script
+    imported it alone; else the current ``lightning.pytorch`` (when installed)."""
+    if "pytorch_lightning" in sys.modules and "lightning.pytorch" not in sys.modules:
+        return "pytorch_lightning"
     try:
-        from lightning.pytorch import Callback
+        importlib.import_module("lightning.pytorch")
     except ImportError:
-        from pytorch_lightning import Callback
+        return "pytorch_lightning"
+    return "lightning.pytorch"
+
+
+if TYPE_CHECKING or package() == "lightning.pytorch":
+    from lightning.pytorch import Callback
+else:
+    from pytorch_lightning import Callback
+
+
+class TrainerKwargs(TypedDict, total=False):
+    """What ``trainer_kwargs`` sets; ``strategy`` and ``devices`` only with several ranks."""
+
+    precision: Literal["bf16-mixed", "16-mixed", "32-true"]
+    accumulate_grad_batches: int
+    strategy: Any  # a DDPStrategy of the script's Lightning package (``package``)
+    devices: int
+
+
+def trainer_kwargs(profile: Profile) -> TrainerKwargs:
+    """Keyword arguments for a Lightning ``Trainer``: ``precision``,
+    ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
+    the DDP arguments (``Profile.ddp_kwargs``). The model knobs are not the Trainer's: see
+    ``Profile.lightning_trainer_kwargs``."""
+    c = profile.config
+    kwargs: TrainerKwargs = {
+        "precision": "bf16-mixed" if c.amp == "bf16" else "16-mixed" if c.amp == "fp16"
+        else "32-true",
+        "accumulate_grad_batches": c.grad_accum_steps}
+    if c.world_size > 1:
+        if package() == "lightning.pytorch":
+            from lightning.pytorch.strategies import DDPStrategy
+        else:
+            from pytorch_lightning.strategies import DDPStrategy
+        kwargs["strategy"] = DDPStrategy(**profile.ddp_kwargs())
+        kwargs["devices"] = c.world_size
+    return kwargs
 
 
 def batch_size(batch: Any) -> int | None:
