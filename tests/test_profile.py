@@ -44,6 +44,29 @@ def test_example_profiles_load() -> None:
         assert profile.samples_per_sec > 0 and profile.speedup and profile.speedup > 1
 
 
+def test_the_example_saves_back_as_its_file_holds_it(tmp_path: Path) -> None:
+    """The blocks are typed (``profile.documents``) but stay the plain dicts the YAML holds:
+    a script reads ``profile.result["samples_per_sec"]``, and the file round-trips unchanged."""
+    (path,) = sorted((Path(__file__).parents[1] / "studies" / "examples").glob("*.yaml"))
+    profile = load_profile(path, check_fingerprint=False)
+    assert type(profile.result) is dict and profile.result["samples_per_sec"] > 0
+    assert profile.confirmation and profile.confirmation["decision"]["decided_by"] == "median"
+    saved = profile.save(tmp_path / "again.yaml")
+    assert yaml.safe_load(saved.read_text()) == yaml.safe_load(path.read_text())
+
+
+def test_warnings_point_at_the_scripts_own_call(tmp_path: Path) -> None:
+    """A warning names the line of the training script that caused it, not autotune's."""
+    path = make(detect().fingerprint() | {"cpu_model": "Other CPU"}).save(tmp_path / "p.yaml")
+    with pytest.warns(FingerprintWarning) as caught:
+        load_profile(path)
+    assert caught[0].filename == __file__
+    p = load_profile(NCCL_FIXTURE, check_fingerprint=False)
+    with pytest.warns(UserWarning, match="replaced by the profile's") as caught:
+        p.apply_env({"NCCL_ALGO": "Ring"})
+    assert caught[0].filename == __file__
+
+
 def test_v1_fixture_still_loads() -> None:
     profile = load_profile(FIXTURE, check_fingerprint=False)
     assert profile.config.amp == "bf16" and profile.speedup == pytest.approx(2.41)

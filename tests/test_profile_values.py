@@ -93,6 +93,29 @@ def test_the_baseline_s_config_and_the_numbers_are_checked_too(tmp_path: Path) -
         load_profile(_write(tmp_path, data))
 
 
+def test_the_blocks_hold_what_their_types_say(tmp_path: Path) -> None:
+    """The figures readers compute with (the summary's, ``profile check``'s) are checked as
+    the file loads against their types (``profile.documents``), every mismatch named at once;
+    keys a later autotune may add pass."""
+    data = make().to_dict()
+    data["result"] = {**data["result"], "spread_cv": "low", "ranks": [{"rank": 1.5}],
+                      "from_a_later_version": {"x": [1]}}
+    data["diagnosis"] = [{"kind": "low-mfu", "text": 3}, "not a finding"]
+    data["probe"] = {"peak_tflops": {"bf16": "fast"}}
+    with pytest.raises(ProfileError) as raised:
+        load_profile(_write(tmp_path, data))
+    text = str(raised.value)
+    for where in ("result.spread_cv = 'low', not a number or null",
+                  "result.ranks[0].rank = 1.5, not an integer",
+                  "diagnosis[0].text = 3, not a string", "diagnosis[1] that is not a mapping",
+                  "probe.peak_tflops.bf16 = 'fast', not a number"):
+        assert where in text, text
+    assert "from_a_later_version" not in text and "damaged" in text
+    data = make().to_dict()
+    data["result"] = {**data["result"], "from_a_later_version": {"x": [1]}, "windows": 3}
+    assert load_profile(_write(tmp_path, data)).result["windows"] == 3
+
+
 def test_every_bad_value_is_named_at_once(tmp_path: Path) -> None:
     data = make().to_dict()
     data["config"] |= {"amp": "fp8", "world_size": 0, "turbo": True}

@@ -1,0 +1,313 @@
+"""The ``Profile``: what a profile holds (schema ``autotune.profile/v2``, see DESIGN.md), its
+file form, and the calls a training script makes to apply it.
+
+Each call delegates: how a config becomes torch's arguments lives in ``trial.apply`` (shared
+with the trials, so a script runs what was measured), the environment in ``profile.env``, the
+framework kwargs beside their callbacks in ``autotune.integrations``. Each call records its
+first use in a trial of ``autotune run -- CMD`` (``steps.accessed``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from autotune import steps
+from autotune.config.knobs import Config
+from autotune.errors import ProfileError
+from autotune.profile import describe, env
+from autotune.profile.documents import (
+    BaselineDoc,
+    ConfirmationDoc,
+    FindingDoc,
+    ProbeDoc,
+    ProvenanceDoc,
+    ResultDoc,
+)
+from autotune.trial.apply import (
+    attention_refused,
+    autocast_dtype,
+    compile_model,
+    ddp_kwargs,
+    loader_kwargs,
+    optimizer_kwargs,
+    prepare_model,
+    rebuild_optimizer,
+    set_torch_flags,
+    uses_grad_scaler,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.integrations.lightning import TrainerKwargs
+
+# v2 added the model and process knobs (compile, optimizer_impl, matmul_precision, attention,
+# activation_checkpointing, cpu_threads); a v1 profile loads with their baseline values.
+SCHEMA_VERSION = 2
+READS = (1, 2)
+SCHEMA = f"autotune.profile/v{SCHEMA_VERSION}"
+
+
+def _tracked(method: Callable[..., Any]) -> Any:
+    """Record the first call of a ``Profile`` method in a trial of ``autotune run -- CMD``
+    (``steps.accessed``): the tuner searches only the knobs the script applies. Costs a
+    global lookup outside a trial."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def tracked(self: Profile, *args: Any, **kwargs: Any) -> Any:
+        steps.accessed(name)
+        return method(self, *args, **kwargs)
+
+    return tracked
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A tuned configuration and what it measured; its methods apply it in a training script.
+
+    Everything a trial set is here: the DataLoader (``dataloader_kwargs``), precision
+    (``autocast``, ``grad_scaler``), accumulation, DDP (``ddp_kwargs``) and the environment the
+    ranks started with (``env``, ``apply_env``).
+    """
+
+    workload: dict[str, Any]  # the workload's spec: {name, spec, params} (params: its own)
+    config: Config
+    env: dict[str, str]
+    result: ResultDoc
+    baseline: BaselineDoc
+    speedup: float | None
+    fingerprint: dict[str, Any]  # the machine's, as ``machine.hardware`` writes and compares it
+    provenance: ProvenanceDoc
+    notes: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+    # The interleaved re-measurement that chose the winner (absent when there was none).
+    confirmation: ConfirmationDoc | None = None
+    # The machine's probe in a few numbers (peaks, links, flags), and what limits this config.
+    probe: ProbeDoc | None = None
+    diagnosis: list[FindingDoc] = field(default_factory=list)
+
+    # -- what was tuned -------------------------------------------------------------------------
+
+    @property
+    @_tracked
+    def micro_batch_size(self) -> int:
+        """Samples per forward/backward on each rank: the DataLoader's batch_size."""
+        return self.config.micro_batch_size
+
+    @property
+    @_tracked
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (gradients synchronised on the last one only)."""
+        return self.config.grad_accum_steps
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the profile was measured with."""
+        return self.config.world_size
+
+    @property
+    def samples_per_step(self) -> int:
+        """Global samples per optimizer step: micro-batch x accumulation x ranks."""
+        return self.config.samples_per_step
+
+    @property
+    def samples_per_sec(self) -> float:
+        """The measured throughput: the confirmation's median when there was one."""
+        return float(self.result["samples_per_sec"])
+
+    # -- applying it ----------------------------------------------------------------------------
+
+    @_tracked
+    def dataloader_kwargs(self, device: str | torch.device | None = None) -> dict[str, Any]:
+        """``batch_size``, ``num_workers``, ``pin_memory`` and, with workers, ``prefetch_factor``
+        and ``persistent_workers``, as the trials ran them. Add your dataset, sampler and
+        collate_fn. ``pin_memory`` is on only when batches go to a GPU (``device``, default:
+        CUDA if available)."""
+        return loader_kwargs(self.config, _device_type(device))
+
+    @_tracked
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``DistributedDataParallel``: the bucket size and, where this
+        torch's DDP takes them, gradient views and static graph."""
+        return ddp_kwargs(self.config)
+
+    @_tracked
+    def autocast(self, device: str | torch.device | None = None) -> Any:
+        """A context manager for the forward pass and loss: ``torch.autocast`` in the profile's
+        precision, or a no-op for fp32."""
+        import torch
+
+        dtype = autocast_dtype(self.config)
+        return torch.autocast(_device_type(device), dtype=dtype or torch.float32,
+                              enabled=dtype is not None)
+
+    @_tracked
+    def grad_scaler(self, device: str | torch.device | None = None) -> torch.amp.GradScaler:
+        """A ``torch.amp.GradScaler``, enabled only for fp16 on CUDA (bf16 and fp32 need no
+        loss scaling; a disabled scaler passes ``scale``, ``step`` and ``update`` through)."""
+        import torch
+
+        kind = _device_type(device)
+        return torch.amp.GradScaler(kind, enabled=uses_grad_scaler(self.config, kind))
+
+    @_tracked
+    def apply_env(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+        """Set the profile's environment (``NCCL_ALGO``, ``NCCL_PROTO``) in this process.
+
+        NCCL reads these when the process group starts, so this refuses once one is running:
+        call it before ``init_process_group``, or start the script with ``autotune launch``.
+        A different value already set is replaced, with a warning naming both.
+        """
+        return env.apply(self.env, environ)
+
+    def refused_here(self) -> list[str]:
+        """Why values of this profile cannot be applied on this machine (each refused when it
+        would be applied; ``profile check`` refuses to start): a flash attention that
+        transformers would replace by a kernel from the Hub."""
+        if self.config.attention == "default":
+            return []
+        refused = attention_refused(self.config.attention)
+        return [refused] if refused else []
+
+    def foreign_env(self) -> list[str]:
+        """Names in the profile's ``env`` that autotune does not tune (``TUNED_ENV``)."""
+        return env.foreign(self.env)
+
+    def check_env(self) -> None:
+        """Refuse a profile whose env holds anything autotune does not tune: a profile is data,
+        and LD_PRELOAD, PYTHONPATH, BASH_ENV or PATH set from one would run foreign code."""
+        env.refuse_foreign(self.env)
+
+    @_tracked
+    def apply_torch_flags(self) -> dict[str, Any]:
+        """Set the process-wide torch settings the profile tuned: intra-op threads (when it
+        set them) and the fp32 matmul precision (TF32 or not). Call once at start, before
+        building the model. Returns what is in force afterwards."""
+        return set_torch_flags(self.config)
+
+    @property
+    @_tracked
+    def attn_implementation(self) -> str | None:
+        """The attention implementation for transformers' ``from_pretrained`` /
+        ``from_config`` (``attn_implementation=``); None: the model's own default."""
+        if self.config.attention == "default":
+            return None
+        refused = attention_refused(self.config.attention)
+        if refused:
+            raise ProfileError(refused)
+        return self.config.attention
+
+    @_tracked
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """``foreach`` / ``fused`` for your torch optimizer's constructor, as the trials ran it
+        (``{}``: the optimizer's own default). ``AdamW(params, lr=..., **p.optimizer_kwargs())``."""
+        return optimizer_kwargs(self.config)
+
+    @_tracked
+    def apply_optimizer(self, optimizer: Any) -> Any:
+        """``optimizer`` rebuilt (same class, groups and hyperparameters) with the tuned
+        implementation, before its first step: for a script whose optimizer is built elsewhere
+        (the workload's ``build_optimizer``); the same object when the profile keeps the default.
+        Build any LR scheduler after this call: one built before drives the old optimizer."""
+        return rebuild_optimizer(optimizer, self.config)
+
+    @_tracked
+    def prepare_model(self, model: Any, compile: bool = True) -> Any:
+        """The model as the trials ran it: its attention implementation and activation
+        checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
+        DDP, wrap what this returns, as the trials do (compiling around DDP can leave a
+        ``torch.nn`` model uncompiled). Returns the model to train."""
+        try:
+            model = prepare_model(model, self.config)
+        except ValueError as exc:
+            raise ProfileError(str(exc)) from None
+        return self.compile_model(model) if compile else model
+
+    @_tracked
+    def compile_model(self, model: Any) -> Any:
+        """``torch.compile(model, mode=...)`` when the profile compiles, else ``model``."""
+        return compile_model(model, self.config)
+
+    # -- integrations ---------------------------------------------------------------------------
+
+    @_tracked
+    def hf_training_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
+        accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
+        profile tuned on a CPU and, with ranks, the DDP bucket size and static graph; compiling,
+        TF32, the AdamW implementation and activation checkpointing as the trials ran them
+        (``autotune.integrations.hf.training_args``)."""
+        from autotune.integrations.hf import training_args
+
+        return training_args(self)
+
+    @_tracked
+    def lightning_trainer_kwargs(self) -> TrainerKwargs:
+        """Keyword arguments for a Lightning ``Trainer``
+        (``autotune.integrations.lightning.trainer_kwargs``): ``precision``,
+        ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
+        the DDP arguments. Build the DataLoader with ``dataloader_kwargs()``.
+
+        Lightning's Trainer takes none of the model knobs: call ``apply_torch_flags()`` at
+        start, ``prepare_model(self.model)`` in your LightningModule's ``configure_model``, and
+        pass ``optimizer_kwargs()`` to the optimizer ``configure_optimizers`` builds."""
+        try:
+            from autotune.integrations.lightning import trainer_kwargs
+        except ImportError:
+            raise ProfileError("lightning_trainer_kwargs() needs Lightning: pip install "
+                               "lightning") from None
+        return trainer_kwargs(self)
+
+    # -- reading it -----------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A few lines for a human: what was tuned, what it measured, against what, where."""
+        return describe.summary(self)
+
+    def to_dict(self) -> dict[str, object]:
+        """The profile's document, as its file holds it (absent blocks left out)."""
+        return {
+            "schema": self.schema,
+            "workload": self.workload,
+            "config": self.config.to_dict(),
+            "env": dict(self.env),
+            "result": self.result,
+            "baseline": self.baseline,
+            "speedup": self.speedup,
+            "fingerprint": self.fingerprint,
+            "provenance": self.provenance,
+            "notes": list(self.notes),
+            **({"diagnosis": list(self.diagnosis)} if self.diagnosis else {}),
+            **({"probe": self.probe} if self.probe else {}),
+            **({"confirmation": self.confirmation} if self.confirmation else {}),
+        }
+
+    def to_yaml(self) -> str:
+        """The profile as the file ``save`` writes."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None,
+                              width=100)
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically: a crash mid-write never leaves a half profile behind."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(self.to_yaml())
+        os.replace(tmp, path)
+        return path
+
+
+def _device_type(device: str | torch.device | None) -> str:
+    if device is None:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device if isinstance(device, str) else device.type
