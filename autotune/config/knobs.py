@@ -51,7 +51,10 @@ DECLARED = ("optimizer_impl", "compile", "attention", "activation_checkpointing"
 
 @dataclass(frozen=True)
 class Config:
-    """One point of the search space: a frozen, typed value with a stable dict form.
+    """One point of the search space: a frozen, typed value with a stable dict form, and its own
+    key: equal configs compare and hash equal, so sets and dicts of configs need no dict form or
+    JSON key (``from_dict`` fills the defaults and gives values their canonical spelling, so a
+    config read back equals the one written).
 
     The defaults are the baseline: what a PyTorch user runs without tuning (fp32, accumulation 1,
     no loader workers, DDP's default 25 MB buckets, NCCL left to decide). The micro-batch default is
