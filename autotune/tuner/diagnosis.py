@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.machine.probe import peak_for
-from autotune.profile.documents import FindingDoc
+from autotune.profile.documents import FindingDoc, ProbeDoc
 from autotune.trial.measurement import Measurement
 from autotune.units import format_bytes
 
@@ -76,7 +76,7 @@ def mfu(samples_per_sec: float | None, flops_per_sample: float | None,
 
 
 def with_efficiency(m: Measurement, config: Config, device: str,
-                    probe: dict[str, Any] | None) -> Measurement:
+                    probe: ProbeDoc | None) -> Measurement:
     """The measurement with its MFU and the peak it was taken against (when both are known).
     A rate the machine cannot reach (``BEYOND_PEAK`` times its measured peak at the workload's
     FLOPs per sample) is an error with the reason, never a result, unless the probe was taken
@@ -99,7 +99,7 @@ def _dtype(config: Config) -> str:
 
 
 def diagnose(measurement: Measurement, config: Config, *, device: str, limit: int,
-             probe: dict[str, Any] | None = None,
+             probe: ProbeDoc | None = None,
              larger_over_limit: MemoryWall | None = None,
              tried: Tried | None = None,
              unapplied: Mapping[str, str] | None = None) -> list[Finding]:
@@ -234,7 +234,7 @@ def _input_bound(data: float, c: Config, device: str, util: float | None,
          "gpu_util_mean": util, "test": test})
 
 
-def _communication_bound(comm: float, c: Config, probe: dict[str, Any],
+def _communication_bound(comm: float, c: Config, probe: ProbeDoc,
                          tests: _Tests) -> Finding | None:
     if comm < COMM_BOUND:
         return None
@@ -270,7 +270,7 @@ def _memory_bound(peak_mem: int, used: float, limit: int,
          {"trial": wall.trial, "micro_batch": wall.micro_batch, "measured": wall.measured}})
 
 
-def _probe_flags(probe: dict[str, Any], device: str) -> list[Finding]:
+def _probe_flags(probe: ProbeDoc, device: str) -> list[Finding]:
     """The probe's flags about this study's device: a degraded link or a slow device."""
     found = []
     for flag in probe.get("flags", []):
@@ -285,7 +285,7 @@ def _probe_flags(probe: dict[str, Any], device: str) -> list[Finding]:
 
 
 def _efficiency(share: float | None, peak: float | None, c: Config, device: str,
-                probe: dict[str, Any], explained: bool,
+                probe: ProbeDoc, explained: bool,
                 tests: _Tests) -> tuple[Finding | None, dict[str, Any]]:
     """A low-MFU finding (None when MFU is unknown or not low) and the MFU evidence."""
     if share is None or not peak:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
@@ -19,6 +19,7 @@ from autotune.errors import one_line
 from autotune.machine.hardware import Hardware
 from autotune.machine.monitor import GpuMonitor
 from autotune.profile import Profile
+from autotune.profile.documents import ProbeDoc
 from autotune.trial import launch
 from autotune.trial.command import Command
 from autotune.trial.launch import Nodes
@@ -50,7 +51,7 @@ class Measurer:
     on_wait: Callable[[str], None]
     address_space_bytes: int | None = None
     command: Command | None = None  # the user's script, run as each trial (autotune run -- CMD)
-    probe: dict[str, Any] | None = None  # the probe's summary, once the run has read it
+    probe: ProbeDoc | None = None  # the probe's summary, once the run has read it
     held: dict[str, Any] = field(default_factory=dict)  # devices and span of the last trial
 
     @contextlib.contextmanager
@@ -147,7 +148,7 @@ class Measurer:
         except Exception as exc:  # noqa: BLE001 - the study does not need it to run
             note(f"probe failed ({one_line(exc)}); no MFU in this run")
             return
-        found = self.probe = summary(doc, self.hw.device)
+        found = self.probe = cast(ProbeDoc, summary(doc, self.hw.device))
         peaks = ", ".join(f"{k} {v:g}" for k, v in found["peak_tflops"].items())
         note(f"probe ({doc.get('created')}): peak TFLOP/s {peaks or 'unknown'}"
              + "".join(f"; {f}" for f in found["flags"]))

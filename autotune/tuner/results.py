@@ -32,7 +32,7 @@ def diagnose_record(snap: StudySnapshot, r: TrialRecord,
     what the study measured around it."""
     return diagnose(measurement or r.measurement, r.config, device=snap.facts.device,
                     limit=snap.limit,
-                    probe=dict(snap.facts.probe or {}) or None,
+                    probe=snap.facts.probe or None,
                     larger_over_limit=snap.larger_over_limit(r.config), tried=snap.tried(),
                     unapplied=snap.facts.unapplied)
 
@@ -56,7 +56,7 @@ def efficiency(snap: StudySnapshot, r: TrialRecord, rate: float | None) -> Effic
     """``r``'s efficiency at ``rate`` samples/s: its own, or the confirmation's. The one MFU
     the profile, the diagnosis and the dashboard show."""
     fps = r.measurement.flops_per_sample
-    peak = peak_for(dict(snap.facts.probe or {}) or None, r.config.amp, snap.facts.device)
+    peak = peak_for(snap.facts.probe or None, r.config.amp, snap.facts.device)
     share = mfu(rate, fps, peak, r.config.world_size, snap.facts.device)
     return Efficiency(fps, r.measurement.flops_source,
                       round(rate * fps / 1e12, 4) if rate and fps else None,
