@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from autotune.config.knobs import Config
-from autotune.profile.documents import ConfirmationDoc
+from autotune.profile.documents import CandidateDoc, ConfirmationDoc, DecisionDoc, MeasureValue
 from autotune.tuner.search import HEADROOM, NOISE_FLOOR
 from autotune.units import format_duration
 
@@ -32,7 +32,7 @@ class Candidate:
     window_cvs: list[float] = field(default_factory=list)
     is_baseline: bool = False
     failures: list[str] = field(default_factory=list)
-    measure: dict[str, Any] = field(default_factory=dict)  # how its rounds measured
+    measure: dict[str, MeasureValue] = field(default_factory=dict)  # how its rounds measured
 
     @property
     def median(self) -> float | None:
@@ -49,7 +49,7 @@ class Candidate:
             return statistics.stdev(self.rates) / statistics.fmean(self.rates)
         return statistics.fmean(self.window_cvs) if self.window_cvs else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CandidateDoc:
         return {"trial": self.number, "config": self.config.to_dict(),
                 "samples_per_sec": [round(r, 4) for r in self.rates],
                 "median": None if self.median is None else round(self.median, 4),
@@ -95,7 +95,7 @@ class Decision:
     decided_by: str  # "median", "headroom" or why there is no winner
     excluded: dict[int, str]  # trial -> why it cannot win
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> DecisionDoc:
         return {"winner_trial": self.winner.number if self.winner else None,
                 "runner_up_trial": self.runner_up.number if self.runner_up else None,
                 "margin": round(self.margin, 4), "decided_by": self.decided_by,
