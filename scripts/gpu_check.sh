@@ -1,33 +1,189 @@
 #!/usr/bin/env bash
 # One GPU check, run on a lent GPU machine from the repository root (see the device notes in
-# ../shared/GPU.md). Sections, each skippable so a short device lease goes where it is needed:
-#   tests   (GPU_TESTS=0 skips)  the gpu tests, NCCL facts, and what NCCL says to 2 ranks on 1 GPU
-#   probe                        `autotune probe` on real NVML: links, copies, peaks, flags
-#   study                        a short real BERT study: AMP, a 24 GiB limit that puts a wall in
-#                                the space, the baseline (and the confirmation, if it fits)
-#   profile (GPU_PROFILE=0 skips) the plain-PyTorch example trains with the exported profile
-#                                (reproduction ratio) and `autotune profile check` re-measures it
-#   script (GPU_SCRIPT=0 skips)  a Hugging Face Trainer script tuned as it runs (`autotune run --
-#                                python3 benchmarks/scripts/hf_bert.py`): the step protocol, the
-#                                callback's data wait and the script's own peak memory on CUDA
-#   roofline (GPU_ROOFLINE=0 skips) BERT-base and GPT-2 small with no memory limit: open-ended
-#                                batches, the diagnosis-led stages (compile, fused AdamW, TF32,
-#                                attention, checkpointing), MFU and what limits each winner
-# Outputs under $OUT, few files (the device returns a limited number): summary.txt (every short
-# result), gpu-tests.log, probe.txt, probe.json, run.log, trials.json, profile.yaml.
+# ../shared/GPU.md; its wheels installed and on PYTHONPATH first). Its default sections fit in
+# 12 minutes on one H200 and run first what has never run on a GPU; the rest wait behind a
+# switch. Every section has a hard time cap (`timeout` around each command, SIGTERM first, which
+# `autotune run` takes as Ctrl-C: it stops, writes its profile and exits); the caps of the
+# sections that will run are printed, summed, before anything starts.
+#
+#   section    switch (default)  cap (s)  what
+#   preflight  always             40  an NVIDIA GPU, torch with CUDA, the wheels: else exit 2 at once
+#   roofline   GPU_ROOFLINE=1    345  BERT-base over the roofline knobs alone (micro-batch 128,
+#                                     bf16): fused AdamW, torch.compile default and reduce-overhead,
+#                                     TF32, sdpa/eager/flash attention, checkpointing; MFU and what
+#                                     limits the winner
+#   script     GPU_SCRIPT=1      175  a Hugging Face Trainer script tuned as it runs (`autotune run
+#                                     -- python3 benchmarks/scripts/hf_bert.py`): the step protocol,
+#                                     the callback's data wait, the script's own peak memory on CUDA
+#   tests      GPU_TESTS=1       150  the gpu tests (the probe's with GPU_PROBE=1), NCCL facts, what
+#                                     NCCL says to 2 ranks on 1 GPU
+#   gpt2       GPU_GPT2=0        330  GPT-2 small over the whole default space, no memory limit:
+#                                     open-ended batches, then the diagnosis-led stages
+#   probe      GPU_PROBE=0       120  `autotune probe --refresh` on real NVML: links, copies, peaks
+#   study      GPU_STUDY=0       330  a short BERT study, default space: AMP, a 24 GiB limit that
+#                                     puts a wall in the space, the baseline, the confirmation
+#   profile    GPU_PROFILE=0     240  the plain-PyTorch example trains with the study's profile (or
+#                                     the roofline's) and `autotune profile check` re-measures it
+#
+# A section's cap is NAME_S (ROOFLINE_S=400 ...); its study's --timeout is the cap less 80 s
+# (start-up, export, the stop). Default: 40 + 345 + 175 + 150 = 710 s.
+# Outputs under $OUT (default gpu-out), few files (the device returns a limited number):
+# summary.txt (every short result, each section's time against its cap), probe.json (the probe
+# the first study took), and per section NAME/run.log, NAME/trials.json, NAME-profile.yaml;
+# gpu-tests.log, probe.txt.
 set -uo pipefail
 ROOT="$PWD"
 OUT="${OUT:-gpu-out}"
-STUDY_TIMEOUT="${STUDY_TIMEOUT:-5m}"
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)" || exit 2
 S="$OUT/summary.txt"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$S" 2>&1
+GRACE=15      # seconds between a section's SIGTERM and its SIGKILL
+BUDGET=720    # what the default sections must fit in
+# One probe for the whole check: the first study measures the machine, the others read it.
+export AUTOTUNE_CACHE_DIR="$OUT/cache"
 
-if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout 170 python3 -m pytest -q -m "gpu or multi_gpu" > "$OUT/gpu-tests.log" 2>&1
-  echo "gpu tests rc=$?" >> "$S"
+SECTIONS=(preflight roofline script tests gpt2 probe study profile)
+declare -A ON=([preflight]=1 [roofline]="${GPU_ROOFLINE:-1}" [script]="${GPU_SCRIPT:-1}"
+               [tests]="${GPU_TESTS:-1}" [gpt2]="${GPU_GPT2:-0}" [probe]="${GPU_PROBE:-0}"
+               [study]="${GPU_STUDY:-0}" [profile]="${GPU_PROFILE:-0}")
+declare -A CAP=([preflight]=40 [roofline]="${ROOFLINE_S:-345}" [script]="${SCRIPT_S:-175}"
+                [tests]="${TESTS_S:-150}" [gpt2]="${GPT2_S:-330}" [probe]="${PROBE_S:-120}"
+                [study]="${STUDY_S:-330}" [profile]="${PROFILE_S:-240}")
+declare -A SWITCH=([roofline]=GPU_ROOFLINE [script]=GPU_SCRIPT [tests]=GPU_TESTS
+                   [gpt2]=GPU_GPT2 [probe]=GPU_PROBE [study]=GPU_STUDY [profile]=GPU_PROFILE)
+
+say() { echo "$*" | tee -a "$S"; }
+die() { say "gpu_check: $*"; exit 2; }
+
+# capped SECONDS CMD...: CMD gets SIGTERM at SECONDS - GRACE (a quarter of a short cap) and
+# SIGKILL at SECONDS.
+capped() {
+  local cap=$1 grace=$GRACE; shift
+  [ "$grace" -le $((cap / 4)) ] || grace=$((cap / 4))
+  timeout -k "$grace" "$((cap - grace))" "$@"
+}
+
+print_budget() {
+  local name total=0 on="" off=""
+  for name in "${SECTIONS[@]}"; do
+    [[ "${CAP[$name]}" =~ ^[0-9]+$ ]] || die "${name^^}_S must be whole seconds, got ${CAP[$name]}"
+    [ "$name" = preflight ] || [ "${CAP[$name]}" -ge 120 ] \
+      || die "${name^^}_S must be at least 120 s, got ${CAP[$name]}"
+    if [ "${ON[$name]}" = 1 ]; then
+      total=$((total + CAP[$name])); on+=" $name ${CAP[$name]}s"
+    else
+      off+=" $name (${SWITCH[$name]}=1, ${CAP[$name]}s)"
+    fi
+  done
+  say "gpu_check budget: ${total}s ($((total / 60))m$((total % 60))s; the default sections fit" \
+    "in ${BUDGET}s), in this order:$on"
+  [ -z "$off" ] || say "  off:$off"
+  [ "$total" -le "$BUDGET" ] || say "  note: over the ${BUDGET}s the default sections fit in"
+}
+
+# -- sections --------------------------------------------------------------------------------
+
+section_preflight() {
+  command -v nvidia-smi > /dev/null || die "no nvidia-smi here: this check needs an NVIDIA GPU"
+  local out rc
+  out=$(capped 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+        2>&1); rc=$?
+  [ "$rc" = 0 ] || die "nvidia-smi finds no usable GPU (rc=$rc): $(tail -1 <<< "$out")"
+  say "$out"
+  # Its own process: the tuner never initialises CUDA, this throwaway check may.
+  out=$(capped 30 python3 - 2>&1 <<'PY'
+import importlib.util
+import torch
+assert torch.cuda.is_available(), f"torch {torch.__version__} sees no CUDA device"
+missing = [m for m in ("optuna", "sqlalchemy", "plotly", "autotune")
+           if importlib.util.find_spec(m) is None]
+assert not missing, f"not importable: {missing}: install the wheels and set PYTHONPATH first"
+print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())
+PY
+); rc=$?
+  [ "$rc" = 0 ] || die "python3 is not ready for the check (rc=$rc): $(tail -1 <<< "$out")"
+  say "$out"
+}
+
+# The roofline knobs alone, so the study's time goes to the knobs that have never run on a GPU.
+# A space adds the baseline's value to each knob (fp32, micro-batch 8): the staged start has two
+# configs to try, and the knobs left out stay at the baseline's (no loader workers: BERT stays
+# input-bound, which has no remedy here, and the diagnosis goes on to its low MFU).
+ROOFLINE_SPACE="$(mktemp --suffix .yaml)"
+cat > "$ROOFLINE_SPACE" <<'YAML'
+# scripts/gpu_check.sh: autotune run --model bert --space roofline.yaml
+description: the roofline knobs of a GPU (optimizer, compile, TF32, attention, checkpointing)
+knobs:
+  micro_batch_size: {choices: [128]}
+  amp: {choices: [bf16]}
+  optimizer_impl: {choices: [default, fused]}
+  compile: {choices: ["off", default, reduce-overhead]}
+  matmul_precision: {choices: [highest, high]}
+  attention: {choices: [default, sdpa, eager, flash_attention_2]}
+  activation_checkpointing: {choices: [false, true]}
+YAML
+
+# Every trial's config, outcome and figures, for the note: one JSON row per trial.
+DUMP="$(mktemp --suffix .py)"
+cat > "$DUMP" <<'PY'
+import json, sys, optuna
+url = f"sqlite:///{sys.argv[1]}"
+study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+rows = []
+for t in study.trials:
+    a, m = t.user_attrs, t.user_attrs.get("measurement") or {}
+    c = a.get("config") or {}
+    rows.append({"n": t.number, "state": t.state.name, "status": a.get("status"),
+                 "stage": a.get("stage"), "reason": a.get("reason"), "config": c,
+                 "samples_per_sec": m.get("samples_per_sec"), "peak": m.get("peak_memory_bytes"),
+                 "predicted_peak": m.get("predicted_peak_memory_bytes"), "mfu": m.get("mfu"),
+                 "breakdown": m.get("breakdown"), "wall_s": m.get("wall_s"),
+                 "applied": m.get("applied"), "compile": m.get("compile")})
+print(json.dumps({"trials": rows, "confirmation": study.user_attrs.get("confirmation")},
+                 indent=1))
+PY
+trap 'rm -f "$ROOFLINE_SPACE" "$DUMP"' EXIT
+
+# tune NAME CAP RUN-ARGS...: one study in $OUT/NAME, its run capped at CAP - 20 s and its
+# --timeout at CAP - 80 s; then its trials (20 s). Keeps run.log, trials.json, the profile.
+tune() {
+  local name=$1 cap=$2; shift 2
+  local dir="$OUT/$name"
+  mkdir -p "$dir"
+  (
+    cd "$dir" || exit 1
+    capped $((cap - 20)) python3 -m autotune run --timeout "$((cap - 80))s" --trial-seconds 10 \
+      --storage "sqlite:///$dir/autotune.db" "$@" > run.log 2>&1
+  )
+  say "$name study rc=$?"
+  capped 20 python3 "$DUMP" "$dir/autotune.db" > "$dir/trials.json" 2>&1
+  grep -A12 "the search, led by\|what limits the winner\|^confirmation" "$dir/run.log" \
+    | head -40 >> "$S"
+  grep "^speedup\|^stopped" "$dir/run.log" >> "$S"
+  local profiles=("$dir"/studies/*/profile.yaml)
+  [ ! -f "${profiles[0]}" ] || cp "${profiles[0]}" "$OUT/$name-profile.yaml"
+  rm -rf "$dir/studies" "$dir/autotune.db"*  # trial folders: too many files to bring back
+}
+
+section_roofline() {
+  tune roofline "${CAP[roofline]}" --model bert --space "$ROOFLINE_SPACE" --confirm-top 0
+}
+
+section_script() {
+  tune script "${CAP[script]}" --confirm-top 0 \
+    -- python3 "$ROOT/benchmarks/scripts/hf_bert.py" --size base
+  grep "^  #\|fixed:" "$OUT/script/run.log" | head -30 >> "$S"
+}
+
+section_tests() {
+  local cap=${CAP[tests]} skip=()
+  # The probe's own test re-measures the machine the roofline study probed: with the probe.
+  [ "${ON[probe]}" = 1 ] || skip=(-k "not the_probe_measures")
+  capped $((cap - 45)) python3 -m pytest -q -p no:cacheprovider --durations=0 \
+    -m "gpu or multi_gpu" "${skip[@]}" > "$OUT/gpu-tests.log" 2>&1
+  say "gpu tests rc=$?"
+  tail -3 "$OUT/gpu-tests.log" >> "$S"
   # NCCL here: its version and what the default space keeps of the NCCL knobs for 2 ranks.
-  python3 - >> "$S" 2>&1 <<'PY'
+  capped 20 python3 - >> "$S" 2>&1 <<'PY'
 from autotune.machine.hardware import detect
 from autotune.config.knobs import Config
 from autotune.config.space import load_space, narrow
@@ -38,6 +194,7 @@ for name in ("nccl_algo", "nccl_proto"):
     print(name, space.searched.get(name), space.fixed.get(name), space.removed.get(name))
 PY
   # The 2-rank nccl test needs two GPUs: this is what NCCL says to two ranks on one.
+  local two
   two=$(mktemp --suffix .py)
   cat > "$two" <<'PY'
 import torch, torch.distributed as dist
@@ -45,87 +202,49 @@ dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
 t = torch.ones(4, device="cuda:0"); dist.all_reduce(t); print("rank", dist.get_rank(), t.tolist())
 dist.destroy_process_group()
 PY
-  timeout 60 torchrun --standalone --nproc-per-node 2 "$two" 2>&1 | grep -m1 "Duplicate GPU\|rank 0" >> "$S"
-fi
+  capped 25 torchrun --standalone --nproc-per-node 2 "$two" 2>&1 \
+    | grep -m1 "Duplicate GPU\|rank 0" >> "$S"
+  rm -f "$two"
+}
 
-# The probe on real NVML and GPUs (the tests only meet a fake NVML): kept whole, as JSON.
-AUTOTUNE_CACHE_DIR="$OUT/cache" timeout 300 python3 -m autotune probe --refresh > "$OUT/probe.txt" 2>&1
-echo "probe rc=$?" >> "$S"
-mv "$OUT"/cache/probe-*.json "$OUT/probe.json" 2>/dev/null; rm -rf "$OUT/cache"
+section_gpt2() {
+  tune gpt2 "${CAP[gpt2]}" --model gpt2 --confirm-top 0
+}
 
-mkdir -p "$OUT/run" && cd "$OUT/run" || exit 1
-timeout 420 python3 -m autotune run --model bert --timeout "$STUDY_TIMEOUT" --memory-limit 24GiB \
-  --trial-seconds 15 --storage "sqlite:///$PWD/autotune.db" > run.log 2>&1
-echo "study rc=$?" >> "$S"
-# Every trial's config, outcome and peak memory, for the memory model and the note.
-python3 - > trials.json <<'EOF'
-import json, optuna
-url = "sqlite:///autotune.db"
-study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
-rows = []
-for t in study.trials:
-    a, m = t.user_attrs, t.user_attrs.get("measurement") or {}
-    c = a.get("config") or {}
-    rows.append({"n": t.number, "state": t.state.name, "status": a.get("status"),
-                 "micro": c.get("micro_batch_size"), "accum": c.get("grad_accum_steps"),
-                 "amp": c.get("amp"), "workers": c.get("num_workers"),
-                 "samples_per_sec": m.get("samples_per_sec"), "peak": m.get("peak_memory_bytes"),
-                 "predicted_peak": m.get("predicted_peak_memory_bytes"),
-                 "breakdown": m.get("breakdown"), "reason": a.get("reason"),
-                 "stage": a.get("stage"), "wall_s": m.get("wall_s"), "mfu": m.get("mfu"),
-                 "applied": m.get("applied"), "compile": m.get("compile")})
-print(json.dumps({"trials": rows, "confirmation": study.user_attrs.get("confirmation")}, indent=1))
-EOF
-rm -f autotune.db
-PROFILE=$(ls studies/*/profile.yaml 2>/dev/null | head -1)
-if [ -n "$PROFILE" ]; then
-  cp "$PROFILE" ../profile.yaml
-  rm -rf studies  # trial folders: too many files to bring back
-  if [ "${GPU_PROFILE:-1}" = 1 ]; then
-    echo "example loop with the profile:" >> "$S"
-    timeout 120 python3 "$ROOT/examples/train_plain.py" --profile ../profile.yaml --seconds 30 \
-      2>&1 | tail -3 >> "$S"
-    timeout 200 python3 -m autotune profile check ../profile.yaml --rounds 2 >> "$S" 2>&1
-    echo "profile check rc=$?" >> "$S"
-  fi
-fi
-tail -25 run.log
-cd "$ROOT" || exit 1
+section_probe() {
+  capped "${CAP[probe]}" python3 -m autotune probe --refresh > "$OUT/probe.txt" 2>&1
+  say "probe rc=$?"
+}
 
-if [ "${GPU_SCRIPT:-1}" = 1 ]; then
-  mkdir -p "$OUT/script" && cd "$OUT/script" || exit 1
-  timeout 330 python3 -m autotune run --timeout "${SCRIPT_TIMEOUT:-4m}" --trial-seconds 10 \
-    --storage "sqlite:///$PWD/autotune.db" -- python3 "$ROOT/benchmarks/scripts/hf_bert.py" \
-    --size base > run.log 2>&1
-  echo "hf script study rc=$?" >> "$ROOT/$S"
-  grep "^  #\|fixed:\|stopped:\|speedup\|what limits" -A1 run.log | head -40 >> "$ROOT/$S"
-  cp studies/*/profile.yaml ../script-profile.yaml 2>/dev/null
-  rm -rf studies autotune.db
-  cd "$ROOT" || exit 1
-fi
+section_study() {
+  tune study "${CAP[study]}" --model bert --memory-limit 24GiB
+}
 
-if [ "${GPU_ROOFLINE:-1}" = 1 ]; then
-  for model in bert gpt2; do
-    mkdir -p "$OUT/$model" && cd "$OUT/$model" || exit 1
-    timeout 330 python3 -m autotune run --model "$model" --timeout "${ROOFLINE_TIMEOUT:-4m}" \
-      --trial-seconds 10 --storage "sqlite:///$PWD/autotune.db" > run.log 2>&1
-    echo "$model roofline study rc=$?" >> "$ROOT/$S"
-    # The stages as a story, the winner's MFU and what limits it (kept short for the summary).
-    grep -A12 "the search, led by\|what limits the winner" run.log | head -30 >> "$ROOT/$S"
-    python3 - > trials.json <<'PY'
-import json, optuna
-url = "sqlite:///autotune.db"
-study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
-print(json.dumps([{"n": t.number, "status": t.user_attrs.get("status"),
-                   "config": t.user_attrs.get("config"), "stage": t.user_attrs.get("stage"),
-                   "samples_per_sec": (t.user_attrs.get("measurement") or {}).get("samples_per_sec"),
-                   "mfu": (t.user_attrs.get("measurement") or {}).get("mfu"),
-                   "applied": (t.user_attrs.get("measurement") or {}).get("applied"),
-                   "compile": (t.user_attrs.get("measurement") or {}).get("compile"),
-                   "reason": t.user_attrs.get("reason")} for t in study.trials], indent=1))
-PY
-    rm -rf studies autotune.db
-    cd "$ROOT" || exit 1
-  done
-fi
+section_profile() {
+  local cap=${CAP[profile]} p="$OUT/study-profile.yaml"
+  [ -f "$p" ] || p="$OUT/roofline-profile.yaml"
+  [ -f "$p" ] || { say "profile: no profile to train with (run study or roofline)"; return; }
+  say "example loop with $(basename "$p"):"
+  capped 100 python3 "$ROOT/examples/train_plain.py" --profile "$p" --seconds 30 2>&1 \
+    | tail -3 >> "$S"
+  capped $((cap - 100)) python3 -m autotune profile check "$p" --rounds 2 >> "$S" 2>&1
+  say "profile check rc=$?"
+}
+
+# -- the check -------------------------------------------------------------------------------
+
+: > "$S"
+print_budget
+started=$SECONDS
+for name in "${SECTIONS[@]}"; do
+  [ "${ON[$name]}" = 1 ] || continue
+  t0=$SECONDS
+  echo "== $name (cap ${CAP[$name]}s)"
+  "section_$name"
+  say "== $name: $((SECONDS - t0))s of ${CAP[$name]}s"
+done
+mv "$OUT"/cache/probe-*.json "$OUT/probe.json" 2>/dev/null
+rm -rf "$OUT/cache"
+say "gpu_check: $((SECONDS - started))s in all"
+echo "-- $S --"
 cat "$S"
