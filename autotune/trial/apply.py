@@ -6,9 +6,22 @@ what was measured is what trains. torch is imported inside the functions that ne
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, TypedDict
 
 from autotune.config.knobs import KNOBS, Config
+
+# How an optimizer steps: its class, and its groups' foreach/fused flags (None: torch decides
+# at the first step). The functional form: "class" is a keyword.
+OptimizerInForce = TypedDict("OptimizerInForce", {"class": str, "foreach": bool | None,
+                                                  "fused": bool | None})
+
+
+class ModelInForce(TypedDict):
+    """The attention implementation (None: not a transformers model) and the activation
+    checkpointing a model runs with."""
+
+    attention: str | None
+    activation_checkpointing: bool
 
 
 def loader_kwargs(config: Config, device_type: str) -> dict[str, Any]:
@@ -187,7 +200,7 @@ def rebuild_optimizer(optimizer: Any, config: Config) -> Any:
     return cls(groups, **{**defaults, **kwargs})
 
 
-def optimizer_in_force(optimizer: Any) -> dict[str, Any]:
+def optimizer_in_force(optimizer: Any) -> OptimizerInForce:
     """How the optimizer will step: its class and the foreach/fused flags of its groups (None:
     torch decides at the first step; on CUDA it picks foreach, on the CPU the for-loop)."""
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
@@ -195,7 +208,7 @@ def optimizer_in_force(optimizer: Any) -> dict[str, Any]:
             "fused": group.get("fused")}
 
 
-def model_in_force(model: Any) -> dict[str, Any]:
+def model_in_force(model: Any) -> ModelInForce:
     """The attention implementation and checkpointing the model runs with."""
     cfg = getattr(model, "config", None)
     return {"attention": getattr(cfg, "_attn_implementation", None),
