@@ -16,7 +16,8 @@ import pytest
 
 from autotune.config.knobs import Config
 from autotune.trial.launch import Nodes, execute, from_published, plan, published
-from autotune.trial.measurement import check_result, classify
+from autotune.trial.measurement import classify
+from autotune.trial.result import check_result
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec
 

@@ -7,17 +7,16 @@ import pytest
 from autotune.trial.measurement import (
     INTERRUPTED,
     MEMORY_LIMIT,
-    RESULT_SCHEMA,
     TOO_SLOW,
     TRIAL_TIMEOUT,
     Measurement,
     RawResult,
-    check_result,
     classify,
     is_oom,
-    median_and_cv,
 )
 from autotune.trial.merge import first_failure, merge_ranks, node_cause, node_failure
+from autotune.trial.protocol import median_and_cv
+from autotune.trial.result import RESULT_SCHEMA, check_result
 
 
 def ok_doc(**extra: Any) -> dict[str, Any]:

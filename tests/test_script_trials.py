@@ -129,7 +129,7 @@ def test_windows_follow_the_script_s_pace(tmp_path: Path) -> None:
                                                    max_seconds=100.0, target_cv=-1.0))
     d.poll()
     rates = [round(w["samples"] / w["seconds"]) for w in d.windows]
-    assert d.warm_ended_by == "stable" and d.per_window == 2
+    assert d.warmup.ended_by == "stable" and d.per_window == 2
     assert rates == [80] * rates.count(80) + [40] * rates.count(40)  # 8 samples / 0.1 s, 0.2 s
     assert rates.count(40) >= 5 and not d.done  # data ran out before the budget
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from autotune.config.knobs import env_for
 from autotune.paths import import_root
@@ -33,6 +33,8 @@ from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
 from autotune.trial.output import CappedLog
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
+from autotune.trial.progress import forward, measured_span, read_events, read_windows
+from autotune.trial.result import TrialResultDoc
 from autotune.trial.spec import TrialSpec
 
 STDERR_TAIL_BYTES = 8000
@@ -83,6 +85,24 @@ class TrialPlan:
     profile: str | None = None  # the candidate profile's YAML, for a command trial to load
 
 
+class Published(TypedDict):
+    """What another node's agent reads of a trial across machines (``published``)."""
+
+    id: str | None
+    spec: dict[str, Any]  # TrialSpec.to_json()
+    torchrun: list[str]
+    env: dict[str, str]
+    timeout_s: float
+    memory_limit_bytes: int | None
+    device: str
+
+
+def _files(workdir: Path) -> dict[str, str]:
+    """Where a trial's spec, result, progress events and output go."""
+    return {k: str(workdir / f"{k}.{ext}") for k, ext in
+            (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+
+
 def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.executable,
          extra_env: Mapping[str, str] | None = None, nodes: Nodes | None = None,
          rdzv_id: str | None = None) -> TrialPlan:
@@ -102,8 +122,7 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
         "TOKENIZERS_PARALLELISM": "false",  # tokenizers' own threads would fight loader workers
         **dict(extra_env or {}),
     }
-    files = {k: str(workdir / f"{k}.{ext}") for k, ext in
-             (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+    files = _files(workdir)
     # Every process of the trial inherits this: how execute finds them all at the end.
     env[TRIAL_TOKEN] = new_token(files["result"])
     bench = ("-m", "autotune.trial.bench", files["spec"], files["result"], files["progress"])
@@ -155,8 +174,7 @@ def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s:
     env = {**env_for(config), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            **command_env(workdir, workdir / "profile.yaml", config.samples_per_rank_step),
            **dict(extra_env or {})}
-    files = {k: str(workdir / f"{k}.{ext}") for k, ext in
-             (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+    files = _files(workdir)
     env[TRIAL_TOKEN] = new_token(files["result"])
     return TrialPlan(argv=command.argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),
                      spec_path=files["spec"], result_path=files["result"],
@@ -165,7 +183,7 @@ def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s:
                      device=spec.device, script=command.name, profile=profile)
 
 
-def published(p: TrialPlan) -> dict[str, Any]:
+def published(p: TrialPlan) -> Published:
     """What another node's ``autotune agent`` needs to start its part of a trial across
     machines: the trial's spec, its environment and torchrun's flags (no paths: the agent
     writes its own files)."""
@@ -180,8 +198,7 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
                    extra_env: Mapping[str, str] | None = None) -> TrialPlan:
     """This node's part of a published trial: the same ranks' command, files in ``workdir``,
     and not the reporting node."""
-    files = {k: str(workdir / f"{k}.{ext}") for k, ext in
-             (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
+    files = _files(workdir)
     env = {**doc["env"], **dict(extra_env or {}), REPORTING_NODE: "0",
            TRIAL_TOKEN: new_token(files["result"])}
     argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.trial.bench",
@@ -192,33 +209,6 @@ def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.exec
                      memory_limit_bytes=doc.get("memory_limit_bytes"),
                      device=doc.get("device", "cpu"), torchrun=tuple(doc["torchrun"]),
                      rdzv_id=doc["id"])
-
-
-def _read_events(path: str) -> list[dict[str, Any]]:
-    """The trial's progress events so far: whole lines only (the last may be half written)."""
-    try:
-        lines = Path(path).read_text().split("\n")[:-1]
-    except OSError:
-        return []
-    events = []
-    for line in lines:
-        with contextlib.suppress(json.JSONDecodeError):
-            events.append(json.loads(line))
-    return events
-
-
-def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
-    """Wall-clock start and end of a trial's timed windows, from its progress events (each
-    window's event is written at its end, with its length)."""
-    windows = [e for e in events if e.get("event") == "window" and "t" in e]
-    if not windows:
-        return None
-    return float(windows[0]["t"]) - float(windows[0].get("seconds", 0.0)), float(windows[-1]["t"])
-
-
-def _read_windows(path: str) -> list[dict[str, Any]]:
-    return [{k: e[k] for k in ("samples", "seconds", "data_wait_s", "comm_wait_s") if k in e}
-            for e in _read_events(path) if e.get("event") == "window"]
 
 
 @dataclass
@@ -275,7 +265,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         samples = monitor.stop() if monitor is not None else []
         data = output.close()
     if on_event is not None:
-        _forward_events(p.progress_path, watch.seen, on_event)
+        forward(p.progress_path, watch.seen, on_event)
     folder = Path(p.spec_path).parent
     if not folder.is_dir():
         data += (f"\nautotune: the trial's folder {folder} was removed while it ran\n").encode()
@@ -292,8 +282,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         wall_s=time.monotonic() - start, tree_peak_bytes=memory.peak if memory else 0,
         killed_for_memory=watch.killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
         interrupted=watch.interrupted, timeout_s=p.timeout_s,
-        partial_windows=_read_windows(p.progress_path) if cut else [], stopped=watch.stopped,
-        gpu=monitor.summary(measured_span(_read_events(p.progress_path)))
+        partial_windows=read_windows(p.progress_path) if cut else [], stopped=watch.stopped,
+        gpu=monitor.summary(measured_span(read_events(p.progress_path)))
         if monitor is not None and samples else {},
     )
 
@@ -370,7 +360,7 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             if driver.action(proc.pid):
                 return
         if on_event is not None:
-            watch.seen = _forward_events(p.progress_path, watch.seen, on_event)
+            watch.seen = forward(p.progress_path, watch.seen, on_event)
         if should_stop is not None:
             watch.stopped = should_stop()
             if watch.stopped:
@@ -378,7 +368,7 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
         time.sleep(poll_s)
 
 
-def _result(p: TrialPlan) -> dict[str, Any] | None:
+def _result(p: TrialPlan) -> TrialResultDoc | None:
     """The trial's result document, or, when there is none, the first failure a rank reported
     on its own (its report sits next to where the result would be)."""
     if Path(p.result_path).exists():
@@ -433,10 +423,3 @@ def _rank_files(result_path: str) -> list[str]:
     path = Path(result_path)
     return sorted(str(f) for f in path.parent.glob(path.name + ".rank*")) \
         if path.parent.is_dir() else []
-
-
-def _forward_events(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:
-    events = _read_events(path)
-    for event in events[seen:]:
-        on_event(event)
-    return max(seen, len(events))

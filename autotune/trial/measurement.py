@@ -1,22 +1,33 @@
-"""What one run of one config produced, the statistics behind it, and the outcome classifier.
+"""What one run of one config produced, and the outcome classifier.
 
-A trial process reports one JSON document (schema ``autotune.trial/v1``). ``classify`` turns the
-finished process (exit code, timeout, that document, stderr) into a Measurement. It is a pure
-function: every outcome rule is here and tested without starting a process.
+A trial process reports one JSON document (``trial.result``). ``classify`` turns the finished
+process (exit code, timeout, that document, stderr) into a Measurement, its figures derived from
+the windows by ``trial.protocol.WindowStats``. It is a pure function: every outcome rule is here
+and tested without starting a process.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import signal
-import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
-RESULT_SCHEMA = "autotune.trial/v1"
-STATUSES = ("ok", "oom", "timeout", "error", "diverged")
+from autotune.trial.protocol import WindowStats
+from autotune.trial.protocol import median_and_cv as median_and_cv  # its home before protocol
+from autotune.trial.result import (
+    Applied,
+    CompileInfo,
+    DdpInfo,
+    RankSummary,
+    ScriptInfo,
+    Timings,
+    TrialResultDoc,
+    WarmUpInfo,
+    Window,
+    check_result,
+)
 
 # What allocators print when memory runs out: CUDA's caching allocator, the CPU allocator, Python,
 # and the DataLoader when the kernel's OOM killer took one of its workers.
@@ -78,7 +89,7 @@ class RawResult:
 
     returncode: int | None
     timed_out: bool
-    result: dict[str, Any] | None
+    result: TrialResultDoc | None
     stderr_tail: str
     wall_s: float
     tree_peak_bytes: int = 0  # peak memory of the trial's process tree, sampled by the launcher
@@ -86,7 +97,7 @@ class RawResult:
     memory_limit_bytes: int | None = None  # the limit the launcher enforced (CPU), if any
     interrupted: bool = False
     timeout_s: float = 0.0
-    partial_windows: list[dict[str, Any]] = field(default_factory=list)
+    partial_windows: list[Window] = field(default_factory=list)
     stopped: str | None = None  # the tuner ended it early (pruning), with this reason
     gpu: dict[str, Any] = field(default_factory=dict)  # NVML samples' summary (monitor.py)
 
@@ -100,11 +111,11 @@ class Measurement:
     samples_per_sec: float | None = None
     spread_cv: float | None = None
     peak_memory_bytes: int = 0
-    windows: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
     breakdown: dict[str, float] = field(default_factory=dict)
     step_time_s: float | None = None
-    warmup: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
+    warmup: WarmUpInfo = field(default_factory=WarmUpInfo)
+    timings: Timings = field(default_factory=Timings)
     wall_s: float = 0.0
     tflops: float | None = None
     stderr_tail: str = ""
@@ -114,8 +125,8 @@ class Measurement:
     ended_by: str | None = None  # one of the constants above, None when it simply finished
     # Multi-rank trials: each rank's summary (rate, windows, waits, all-reduce counts) and the
     # DDP arguments that were applied.
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    ddp: dict[str, Any] = field(default_factory=dict)
+    ranks: list[RankSummary] = field(default_factory=list)
+    ddp: DdpInfo = field(default_factory=DdpInfo)
     # The GPUs as NVML saw them during the timed windows (machine.monitor.summarize); empty on CPU.
     gpu: dict[str, Any] = field(default_factory=dict)
     # Efficiency, set by the tuner from the study's FLOPs per sample and the probe's peak:
@@ -127,11 +138,11 @@ class Measurement:
     # What took effect in the trial, read back from torch, the model and the optimizer
     # (threads, matmul precision, attention, checkpointing, optimizer flags, compiled), and
     # what compiling cost (mode, first step, seconds beyond a steady step).
-    applied: dict[str, Any] = field(default_factory=dict)
-    compile: dict[str, Any] = field(default_factory=dict)
+    applied: Applied = field(default_factory=Applied)
+    compile: CompileInfo = field(default_factory=CompileInfo)
     # A trial of the user's script: its name, steps per rank, the Profile methods it called
     # (``steps.accessed``), and whether it left the sample count to the config.
-    script: dict[str, Any] = field(default_factory=dict)
+    script: ScriptInfo = field(default_factory=ScriptInfo)
     # A config ruled out without running: what the memory or step-time model predicted.
     predicted_peak_memory_bytes: int | None = None
     predicted_step_s: float | None = None
@@ -165,45 +176,6 @@ class Measurement:
         return cls(**kept)
 
 
-def median_and_cv(values: list[float]) -> tuple[float, float]:
-    """Median and coefficient of variation (sample stdev / mean; 0 for fewer than 2 values)."""
-    if not values:
-        raise ValueError("no values")
-    med = statistics.median(values)
-    if len(values) < 2:
-        return med, 0.0
-    mean = statistics.fmean(values)
-    return med, statistics.stdev(values) / mean if mean > 0 else math.inf
-
-
-def check_result(doc: Any) -> list[str]:
-    """Problems with a trial result document (empty when it is valid)."""
-    if not isinstance(doc, dict):
-        return ["the result is not a JSON object"]
-    problems = []
-    if doc.get("schema") != RESULT_SCHEMA:
-        problems.append(f"schema is {doc.get('schema')!r}, expected {RESULT_SCHEMA!r}")
-    status = doc.get("status")
-    if status not in STATUSES:
-        problems.append(f"status is {status!r}, expected one of {', '.join(STATUSES)}")
-    if status == "ok":
-        windows = doc.get("windows")
-        if not isinstance(windows, list) or not windows:
-            problems.append("an ok result needs at least one timed window")
-        else:
-            for i, w in enumerate(windows):
-                if not isinstance(w, dict) or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool)
-                    and math.isfinite(v) and v > 0
-                    for v in (w.get("samples"), w.get("seconds"))
-                ):
-                    problems.append(f"window {i} needs finite, positive 'samples' and "
-                                    "'seconds'")
-    if not isinstance(doc.get("peak_memory_bytes", 0), int):
-        problems.append("peak_memory_bytes must be an integer")
-    return problems
-
-
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -216,27 +188,16 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def window_stats(windows: list[dict[str, Any]]) -> tuple[float, float | None, dict[str, float]]:
-    """Median rate, spread (None from a single window: unknown, not zero), breakdown."""
-    rates = [w["samples"] / w["seconds"] for w in windows]
-    med, cv = median_and_cv(rates)
-    return med, (cv if len(rates) > 1 else None), breakdown(windows)
+class _Common(TypedDict, total=False):
+    """What every outcome of one trial process carries, whatever the outcome."""
 
-
-def breakdown(windows: list[dict[str, Any]]) -> dict[str, float]:
-    """Shares of the timed wall time: waiting for data, waiting for the gradient all-reduce
-    (multi-rank trials only), and the rest (compute, optimizer, launch overheads). A wait no
-    window measured (a script that does not report it) is absent: unknown, not zero."""
-    total = sum(w["seconds"] for w in windows)
-    if total <= 0:
-        return {}
-    shares = {}
-    if any("data_wait_s" in w for w in windows):
-        shares["data_wait"] = sum(w.get("data_wait_s", 0.0) for w in windows) / total
-    if any("comm_wait_s" in w for w in windows):
-        shares["comm_wait"] = sum(w.get("comm_wait_s", 0.0) for w in windows) / total
-    shares["compute"] = max(0.0, 1.0 - sum(shares.values()))
-    return shares
+    peak_memory_bytes: int
+    wall_s: float
+    stderr_tail: str
+    gpu: dict[str, Any]
+    applied: Applied
+    compile: CompileInfo
+    script: ScriptInfo
 
 
 def classify(raw: RawResult, device: str = "cpu") -> Measurement:
@@ -251,8 +212,8 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     # On CPU the process tree's sampled peak counts too (loader workers are separate processes);
     # on CUDA the device figure reported by the trial is the one the limit is about.
     peak = reported_peak if device == "cuda" else max(reported_peak, raw.tree_peak_bytes)
-    common: dict[str, Any] = dict(peak_memory_bytes=peak, wall_s=raw.wall_s,
-                                  stderr_tail=raw.stderr_tail, gpu=dict(raw.gpu))
+    common: _Common = {"peak_memory_bytes": peak, "wall_s": raw.wall_s,
+                       "stderr_tail": raw.stderr_tail, "gpu": dict(raw.gpu)}
     ended = _ended_by_us(raw, peak, common)
     if ended is not None:
         return ended
@@ -272,7 +233,7 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     return _from_exit(raw, common)
 
 
-def _ended_by_us(raw: RawResult, peak: int, common: dict[str, Any]) -> Measurement | None:
+def _ended_by_us(raw: RawResult, peak: int, common: _Common) -> Measurement | None:
     """A trial the user or the launcher ended: Ctrl-C, the memory limit, pruning, the
     timeout. None when it ended on its own."""
     if raw.interrupted:
@@ -280,45 +241,43 @@ def _ended_by_us(raw: RawResult, peak: int, common: dict[str, Any]) -> Measureme
     if raw.killed_for_memory:
         return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
                            ended_by=MEMORY_LIMIT, **common)
+    partial = WindowStats(raw.partial_windows) if raw.partial_windows else None
     if raw.stopped:
-        med, _, shares = window_stats(raw.partial_windows) if raw.partial_windows \
-            else (None, None, {})
-        return Measurement("pruned", raw.stopped, windows=raw.partial_windows, breakdown=shares,
-                           rough_samples_per_sec=med, ended_by=PRUNED, **common)
+        return Measurement("pruned", raw.stopped, windows=raw.partial_windows,
+                           breakdown=partial.breakdown if partial else {},
+                           rough_samples_per_sec=partial.median if partial else None,
+                           ended_by=PRUNED, **common)
     if raw.timed_out:
-        partial = raw.partial_windows
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
         if partial:
-            med, _, shares = window_stats(partial)
-            reason += f" after {len(partial)} window(s) at {med:.2f} samples/s"
-            return Measurement("timeout", reason, windows=partial, breakdown=shares,
-                               rough_samples_per_sec=med, ended_by=TRIAL_TIMEOUT, **common)
+            reason += f" after {len(partial.windows)} window(s) at {partial.median:.2f} samples/s"
+            return Measurement("timeout", reason, windows=raw.partial_windows,
+                               breakdown=partial.breakdown, rough_samples_per_sec=partial.median,
+                               ended_by=TRIAL_TIMEOUT, **common)
         return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
     return None
 
 
-def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
-                 common: dict[str, Any]) -> Measurement:
+def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common) -> Measurement:
     """The trial's own result document: checked, then its outcome."""
     problems = check_result(doc)
     if problems:
         return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
     status = doc["status"]
-    common = {**common, "applied": dict(doc.get("applied") or {}),
-              "compile": dict(doc.get("compile") or {}),
-              "script": dict(doc.get("script") or {})}
+    common = {**common, "applied": Applied(**(doc.get("applied") or {})),
+              "compile": CompileInfo(**(doc.get("compile") or {})),
+              "script": ScriptInfo(**(doc.get("script") or {}))}
     if status != "ok":
         rough = doc.get("first_step_samples_per_sec")
-        timings = doc.get("timings") or {}
         ended = None
         if status == "timeout":
             ended = COMPILE_LIMIT if doc.get("ended_by") == COMPILE_LIMIT else TOO_SLOW
         return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
-                           windows=doc.get("windows") or [], timings=timings,
+                           windows=doc.get("windows") or [], timings=doc.get("timings") or {},
                            warmup=doc.get("warmup") or {},
                            rough_samples_per_sec=rough if isinstance(rough, float) else None,
                            ended_by=ended, **common)
-    med, cv, shares = window_stats(doc["windows"])
+    stats = WindowStats(doc["windows"])
     limit = raw.memory_limit_bytes
     if limit and peak > limit:
         # Passed the limit between two of the launcher's samples and finished anyway: the same
@@ -329,18 +288,19 @@ def _from_report(doc: dict[str, Any], raw: RawResult, peak: int,
     given = doc.get("flops_per_sample")
     fps = float(given) if isinstance(given, int | float) and given > 0 else None
     # A note on a measured result (a script ended by signal after its windows).
-    note = doc.get("note") if isinstance(doc.get("note"), str) else None
+    note = doc.get("note")
+    med = stats.median
     return Measurement(
-        "ok", note, samples_per_sec=med, spread_cv=cv, windows=doc["windows"],
-        breakdown=shares, step_time_s=doc.get("step_time_s"),
-        warmup=doc.get("warmup") or {}, timings=doc.get("timings") or {},
-        tflops=med * fps / 1e12 if fps else None, flops_per_sample=fps,
-        flops_source=doc.get("flops_source"), ranks=doc.get("ranks") or [],
-        ddp=doc.get("ddp") or {}, **common,
+        "ok", note if isinstance(note, str) else None, samples_per_sec=med,
+        spread_cv=stats.spread, windows=doc["windows"], breakdown=stats.breakdown,
+        step_time_s=doc.get("step_time_s"), warmup=doc.get("warmup") or {},
+        timings=doc.get("timings") or {}, tflops=med * fps / 1e12 if fps else None,
+        flops_per_sample=fps, flops_source=doc.get("flops_source"),
+        ranks=doc.get("ranks") or [], ddp=doc.get("ddp") or {}, **common,
     )
 
 
-def _from_exit(raw: RawResult, common: dict[str, Any]) -> Measurement:
+def _from_exit(raw: RawResult, common: _Common) -> Measurement:
     """A trial that died without a report: what its stderr and exit code say."""
     if _OOM_PATTERNS.search(raw.stderr_tail):
         return Measurement("oom", _last_line(_oom_lines(raw.stderr_tail)), **common)

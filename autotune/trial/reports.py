@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,19 @@ class RankReports:
                 self.accessed.append(name)
         elif "start" not in e:
             raise BadReport(f"rank {self.index} wrote {str(e)[:80]!r}, not a step report")
+
+
+# -- the trial's steps: all ranks' reports together -----------------------------------------------
+
+
+def trial_end(ranks: Sequence[RankReports], step: int) -> float:
+    """When step ``step`` (1-based) of the trial ended: when its slowest rank ended it."""
+    return max(r.ends[step - 1] for r in ranks)
+
+
+def slowest_span(ranks: Sequence[RankReports], a: int, b: int) -> tuple[float, int]:
+    """Seconds from the end of step ``a`` to the end of step ``b`` on the slowest rank, and
+    that rank's index."""
+    spans = [r.ends[b - 1] - r.ends[a - 1] for r in ranks]
+    slowest = max(range(len(spans)), key=spans.__getitem__)
+    return spans[slowest], slowest

@@ -4,7 +4,7 @@ The tuner builds a ``TrialSpec``; ``trial.launch`` writes its JSON form next to 
 trial process (``trial.bench``) reads it back with ``TrialSpec.from_json``. The measuring settings
 and their defaults are defined here once: the CLI's flags, the runner's budget text, the
 confirmation's longer windows and the in-trial loop all read them from ``MeasureSettings``. The
-answer travels the other way as one JSON document (``trial.measurement.check_result``).
+answer travels the other way as one JSON document (``trial.result``).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 ``python -m autotune.trial.bench SPEC.json RESULT.json PROGRESS.jsonl``. The spec
 (``trial.spec.TrialSpec``) names the workload, the config and the measuring settings; the result is
-one JSON document (schema in ``trial.measurement``); progress lines (one JSON object per event) let
+one JSON document (``trial.result``); progress lines (one JSON object per event) let
 the tuner show windows as they come and keep them if the trial is killed at its timeout.
 
-Protocol (``loop.py``):
+Protocol (``trial.protocol``, timed by ``loop.py``):
   warm-up  whole optimizer steps, timed one by one, until two consecutive steps agree within
            ``warmup_tolerance`` (allocator growth, cuDNN autotuning, lazy init are over), or a
            step/time cap is hit;
@@ -17,7 +17,8 @@ Protocol (``loop.py``):
 
 The parts: ``build`` (the workload for the config, applied), ``loop`` (warm-up and windows),
 ``ranks`` (agreeing across ranks, timing the all-reduce), ``device`` (batches, peak memory),
-``flops`` and ``process`` (the progress file, the tie to the tuner).
+``flops`` and ``process`` (the tie to the tuner, the result file); the progress file is
+``trial.progress``.
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import one_line
-from autotune.trial.bench.process import Progress, tie_to_tuner, write_json
+from autotune.trial.bench.process import tie_to_tuner, write_json
 from autotune.trial.bench.ranks import Ranks
-from autotune.trial.measurement import COMPILE_LIMIT, RESULT_SCHEMA, is_oom
+from autotune.trial.measurement import COMPILE_LIMIT, is_oom
 from autotune.trial.merge import merge_ranks
+from autotune.trial.progress import Progress
+from autotune.trial.result import RESULT_SCHEMA, Timings, TrialResultDoc
 from autotune.trial.spec import TrialSpec
 
 
-def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> dict[str, Any]:
+def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> TrialResultDoc:
     """Build the workload for the config and measure it; returns this rank's result document.
 
     A failure is reported as data; ``failed_at`` marks one this rank hit on its own (an
@@ -59,12 +62,12 @@ def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> dict
     device = torch.device("cuda", ranks.local_rank) \
         if spec.device == "cuda" else torch.device("cpu")
     memory = Memory(device)
-    timings: dict[str, float] = {"imports_s": time.time() - t_enter}
-    result: dict[str, Any] = {"schema": RESULT_SCHEMA, "status": "error", "reason": None,
-                              "windows": [], "timings": timings, "memory_source": memory.source,
-                              "device": device.type, "torch_version": torch.__version__,
-                              "threads": torch.get_num_threads(), "peak_memory_bytes": 0,
-                              "rank": ranks.rank, "world_size": ranks.world}
+    timings: Timings = {"imports_s": time.time() - t_enter}
+    result: TrialResultDoc = {
+        "schema": RESULT_SCHEMA, "status": "error", "reason": None, "windows": [],
+        "timings": timings, "memory_source": memory.source, "device": device.type,
+        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+        "peak_memory_bytes": 0, "rank": ranks.rank, "world_size": ranks.world}
     try:
         _measure(spec, device, memory, result, progress, ranks)
     except BaseException as exc:  # noqa: BLE001 - the trial reports every failure as data
@@ -79,7 +82,7 @@ def run(spec: TrialSpec, progress: Progress, ranks: Ranks | None = None) -> dict
     return result
 
 
-def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
+def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
              progress: Progress, ranks: Ranks) -> None:
     """Build, warm up, time the windows, count FLOPs: the result's fields as they come."""
     from autotune.trial.bench.build import build
@@ -104,8 +107,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
         timings["warmup_s"] = time.time() - t_warm
         return
     timings["warmup_s"] = time.time() - t_warm
-    result["warmup"] = {"steps": len(warm.step_times), "seconds": timings["warmup_s"],
-                        "ended_by": warm.ended_by, "step_times_s": warm.step_times}
+    result["warmup"] = warm.record(timings["warmup_s"])
     if "compile_step_s" in timings:
         # What compiling cost: the first step beyond a steady one.
         first, steady = timings["compile_step_s"], warm.step_times[-1]
@@ -117,21 +119,25 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: dict[str, Any],
     try:
         steps = measure_windows(trainer, settings, progress, warm, result["windows"])
     except Diverged as exc:
-        result.update(status="diverged", reason=str(exc))
+        result["status"], result["reason"] = "diverged", str(exc)
         timings["measure_s"] = time.time() - t_measure
         return
     timings["measure_s"] = time.time() - t_measure
-    result.update(status="ok", steps_per_window=steps)
+    result["status"], result["steps_per_window"] = "ok", steps
     if trainer.comm is not None:
         result["comm"] = {"calls_by_micro": {str(k): v for k, v in
                                              sorted(trainer.comm.calls_by_micro.items())},
                           "buckets_per_sync": trainer.comm.last_step_buckets,
                           "sync_each_micro": settings.sync_each_micro}
-    result.update(flops_for(spec, trainer.workload, trainer.module, trainer.dataset, device,
-                            trainer.amp_dtype))
+    flops = flops_for(spec, trainer.workload, trainer.module, trainer.dataset, device,
+                      trainer.amp_dtype)
+    if "flops_count_error" in flops:
+        result["flops_count_error"] = flops["flops_count_error"]
+    result["flops_per_sample"] = flops["flops_per_sample"]
+    result["flops_source"] = flops["flops_source"]
 
 
-def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: dict[str, Any],
+def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: TrialResultDoc,
              ranks: Ranks) -> bool:
     """The compile step, recorded; False when it ran past the compile limit (the result then
     says so). A compile that compiled no graph is an error: the model would run eagerly under
@@ -140,7 +146,7 @@ def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: dict[str
 
     compiled = _compile_step(trainer, spec, progress)
     if compiled is None:
-        result.update(status="timeout", ended_by=COMPILE_LIMIT)
+        result["status"], result["ended_by"] = "timeout", COMPILE_LIMIT
         result["reason"] = (f"compiling (torch.compile mode {spec.config.compile}) took more "
                             f"than the {spec.measure.max_compile_s:.0f}s compile limit")
         if ranks.world > 1:
@@ -154,7 +160,8 @@ def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: dict[str
         raise RuntimeError(f"torch.compile (mode {spec.config.compile}) compiled no graph in "
                            "the first step: the model ran eagerly, so this config would "
                            "measure something other than what it names")
-    result["applied"].update(compiled=spec.config.compile, compiled_graphs=graphs)
+    result["applied"]["compiled"] = spec.config.compile
+    result["applied"]["compiled_graphs"] = graphs
     return True
 
 

@@ -25,6 +25,7 @@ from autotune.trial.apply import (
 )
 from autotune.trial.bench.device import Memory, endless, to_device
 from autotune.trial.bench.ranks import CommTimer, Ranks
+from autotune.trial.result import Applied, TrialResultDoc
 from autotune.trial.spec import TrialSpec
 from autotune.workloads import resolve
 
@@ -100,7 +101,7 @@ class Trainer:
         return wait
 
 
-def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
+def build(spec: TrialSpec, device: Any, ranks: Ranks, result: TrialResultDoc,
           memory: Memory) -> Trainer:
     """Set up the device, join the ranks, and build the workload for ``spec.config``; what was
     applied (backend, DDP arguments) goes into ``result``. ``memory``'s peak starts here."""
@@ -117,8 +118,11 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
                 min(1.0, spec.memory_limit_bytes / total), device)
         memory.reset()  # after set_device: it needs the CUDA context that creates
     result["backend"] = ranks.start(device)
-    # What took effect, read back from torch, the model and the optimizer (not the config).
-    applied = result["applied"] = set_torch_flags(spec.config)
+    # What took effect, read back from torch, the model and the optimizer (not the config),
+    # recorded as it is known: a build that fails later still tells what it had set.
+    flags = set_torch_flags(spec.config)
+    applied: Applied = {"threads": flags["threads"], "matmul_precision": flags["matmul_precision"]}
+    result["applied"] = applied
     workload = resolve(spec.workload.spec, spec.workload.params)
     module = prepare_model(workload.build_model(), spec.config).to(device)
     module.train()
@@ -127,8 +131,8 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
     # torch.nn (nn.Linear, nn.Sequential) and would run it eagerly. Whether anything compiled
     # is read after the first step (``compiled_graphs``), not from the wrapper's type.
     model, comm = _distributed(compile_model(module, spec.config), spec, device, ranks, result)
-    applied.update(model_in_force(module), optimizer=optimizer_in_force(optimizer),
-                   compiled="off")
+    applied.update(model_in_force(module))
+    applied["optimizer"], applied["compiled"] = optimizer_in_force(optimizer), "off"
     dataset = workload.build_dataset()
     loader, sampler = _loader(workload, dataset, spec.config, device, ranks)
     return Trainer(
@@ -141,7 +145,7 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: dict[str, Any],
 
 
 def _distributed(module: Any, spec: TrialSpec, device: Any, ranks: Ranks,
-                 result: dict[str, Any]) -> tuple[Any, CommTimer | None]:
+                 result: TrialResultDoc) -> tuple[Any, CommTimer | None]:
     """DDP around the module with several ranks (and the all-reduce timer), else the module."""
     if ranks.world == 1:
         return module, None

@@ -4,30 +4,38 @@ measurement), else the workload's own estimate."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from autotune.errors import one_line
 from autotune.trial.bench.device import to_device
 from autotune.trial.spec import COUNTED, TrialSpec
 
 
+class FlopsInfo(TypedDict):
+    """FLOPs per sample and where the figure came from, as the result carries them, and why
+    counting failed when it was asked for and did."""
+
+    flops_count_error: NotRequired[str]
+    flops_per_sample: float | None
+    flops_source: str | None
+
+
 def flops_for(spec: TrialSpec, workload: Any, module: Any, dataset: Any, device: Any,
-              amp_dtype: Any) -> dict[str, Any]:
-    """``flops_per_sample`` and ``flops_source`` for the result (and ``flops_count_error``
-    when counting was asked for and failed)."""
+              amp_dtype: Any) -> FlopsInfo:
+    """The study's figure, else one counted here (when asked), else the workload's own."""
     if spec.flops_per_sample:
         return {"flops_per_sample": spec.flops_per_sample, "flops_source": spec.flops_source}
-    out: dict[str, Any] = {}
+    error = None
     if spec.count_flops:
         try:
             return {"flops_per_sample": count_flops(workload, module, dataset, device, amp_dtype),
                     "flops_source": COUNTED}
         except Exception as exc:  # noqa: BLE001 - the measurement stands without it
-            out["flops_count_error"] = one_line(exc)
+            error = one_line(exc)
     fps = workload.flops_per_sample() if hasattr(workload, "flops_per_sample") else None
-    out["flops_per_sample"] = float(fps) if fps else None
-    out["flops_source"] = "workload.flops_per_sample" if fps else None
-    return out
+    out: FlopsInfo = {"flops_per_sample": float(fps) if fps else None,
+                      "flops_source": "workload.flops_per_sample" if fps else None}
+    return out if error is None else {"flops_count_error": error, **out}
 
 
 def count_flops(workload: Any, module: Any, dataset: Any, device: Any, amp_dtype: Any = None,

@@ -1,5 +1,5 @@
-"""The trial process's plumbing: its progress file, and its tie to the tuner, so that no trial
-outlives the tuner or its parent and a stopped rank exits in a way its launcher reads right."""
+"""The trial process's plumbing: its tie to the tuner, so that no trial outlives the tuner or its
+parent and a stopped rank exits in a way its launcher reads right, and its result file."""
 
 from __future__ import annotations
 
@@ -11,20 +11,9 @@ import select
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
-
-class Progress:
-    """Appends one JSON line per event; the tuner tails the file."""
-
-    def __init__(self, path: str | None) -> None:
-        self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115
-
-    def emit(self, event: str, **data: Any) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps({"event": event, "t": time.time(), **data}) + "\n")
+from autotune.trial.result import TrialResultDoc
 
 
 def tie_to_tuner() -> None:
@@ -98,7 +87,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def write_json(path: str, doc: dict[str, Any]) -> None:
+def write_json(path: str, doc: TrialResultDoc) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)  # atomic: the tuner never reads half a result

@@ -1,0 +1,289 @@
+"""The measuring protocol's rules on crafted numbers: when warm-up ends, how many steps a window
+takes, when measuring stops, what is too slow, what the windows say. And that the built-in loop
+and a script's driver, given the same steps, decide alike (the loop on a fake clock: these tests
+check decisions, never measured speed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.config.knobs import Config
+from autotune.trial import protocol
+from autotune.trial.bench import loop
+from autotune.trial.driver import StepDriver
+from autotune.trial.protocol import (
+    BUDGET_SPENT,
+    MAX_STEPS,
+    MAX_WINDOWS,
+    SETTLED,
+    STABLE,
+    TIME,
+    WarmUp,
+    WindowStats,
+    measuring_seconds,
+    past_allowance,
+    steps_per_window,
+    too_slow,
+    warmup_ended,
+    windows_done,
+)
+from autotune.trial.result import Window
+from autotune.trial.spec import MeasureSettings
+
+S = MeasureSettings()  # the defaults: warm-up 2 to 8 steps within 15%, 1 s windows, 60 s budget
+
+
+# -- warm-up --------------------------------------------------------------------------------------
+
+def test_warm_up_ends_when_two_steps_in_a_row_agree() -> None:
+    assert warmup_ended([1.6, 1.0], 2.6, S) is None  # the first step carries start-up costs
+    assert warmup_ended([1.6, 1.0, 1.1], 3.7, S) == STABLE  # within 15%
+    assert warmup_ended([1.6, 1.0, 1.2], 3.8, S) is None  # 17% apart
+
+
+def test_warm_up_never_ends_before_its_minimum() -> None:
+    # One step agrees with nothing, and has used more than the time share: still not steady.
+    assert warmup_ended([30.0], 30.0, S) is None
+    at_least_three = replace(S, warmup_min_steps=3)
+    assert warmup_ended([1.0, 1.0], 2.0, at_least_three) is None
+    assert warmup_ended([1.0, 1.0, 1.0], 3.0, at_least_three) == STABLE
+    # A minimum of one compares nothing until there are two steps (no crash on one).
+    assert warmup_ended([1.0], 1.0, replace(S, warmup_min_steps=1)) is None
+
+
+def test_long_unsteady_steps_end_warm_up_on_time_to_leave_room_for_windows() -> None:
+    share = protocol.WARMUP_TIME_SHARE * S.max_seconds  # 24 s of the 60 s budget
+    assert warmup_ended([20.0, 12.0], share, S) is None  # not past it yet
+    assert warmup_ended([20.0, 12.0], share + 0.1, S) == TIME
+    # Steady wins over time: a warm-up that ends both ways is stable.
+    assert warmup_ended([12.0, 12.0], share + 0.1, S) == STABLE
+
+
+def test_warm_up_that_never_settles_ends_at_its_step_cap() -> None:
+    times = [1.0, 2.0] * 4  # eight steps, each 50% off the last
+    assert warmup_ended(times[:7], 10.5, S) is None
+    assert warmup_ended(times, 12.0, S) == MAX_STEPS
+
+
+def test_the_warm_up_record_is_its_stored_form() -> None:
+    warm = WarmUp(step_times=[1.5, 1.0, 1.05], ended_by=STABLE)
+    assert warm.record(3.6) == {"steps": 3, "seconds": 3.6, "ended_by": "stable",
+                                "step_times_s": [1.5, 1.0, 1.05]}
+
+
+# -- too slow -------------------------------------------------------------------------------------
+
+def test_the_first_step_is_judged_against_twice_the_budget() -> None:
+    # 17 s steps after one: warm-up needs one more and a window one: 17 + 34 s.
+    assert not too_slow(17.0, 1, 17.0, replace(S, max_seconds=40.0))  # 51 <= 80
+    assert too_slow(17.0, 1, 17.0, replace(S, max_seconds=20.0))  # 51 > 40
+
+
+def test_later_steps_are_judged_against_a_quarter_more_than_the_budget() -> None:
+    three = replace(S, warmup_min_steps=3)
+    # Two steps of 12 s done: one more and a one-step window, 24 + 24 = 48 s.
+    assert not too_slow(12.0, 2, 24.0, replace(three, max_seconds=40.0))  # <= 1.25 x 40
+    assert too_slow(12.0, 2, 24.0, replace(three, max_seconds=38.0))  # > 1.25 x 38 = 47.5
+    # The same clock after one step: two more to come, against twice the budget.
+    assert not too_slow(12.0, 1, 24.0, replace(three, max_seconds=38.0))  # 60 <= 76
+
+
+def test_a_first_step_still_running_is_judged_from_its_micro_steps() -> None:
+    # No step done: all of warm-up's minimum and a window are still to come.
+    assert not too_slow(10.0, 0, 5.0, replace(S, max_seconds=20.0))  # 5 + 30 <= 40
+    assert too_slow(10.0, 0, 15.0, replace(S, max_seconds=20.0))  # 15 + 30 > 40
+
+
+def test_past_the_longest_allowance_a_stuck_step_is_given_up_on() -> None:
+    assert not past_allowance(2 * S.max_seconds, S)
+    assert past_allowance(2 * S.max_seconds + 0.1, S)
+
+
+# -- windows --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("step_s,steps", [(0.3, 4), (0.25, 4), (1.0, 1), (2.5, 1), (0.0, 10**6)])
+def test_a_window_is_whole_steps_lasting_at_least_min_window_s(step_s: float, steps: int) -> None:
+    assert steps_per_window(step_s, S) == steps
+
+
+def test_measuring_stops_once_enough_windows_agree() -> None:
+    assert windows_done([100.0, 100.0], 10.0, 1.0, S) is None  # fewer than min_windows (3)
+    assert windows_done([100.0, 101.0, 99.0], 10.0, 1.0, S) == SETTLED  # CV 1% <= 3%
+    assert windows_done([100.0, 120.0, 80.0], 10.0, 1.0, S) is None  # CV 20%
+
+
+def test_measuring_stops_at_the_window_cap_or_the_budget() -> None:
+    noisy = [100.0, 150.0] * 5
+    assert windows_done(noisy[:9], 20.0, 1.0, S) is None
+    assert windows_done(noisy, 20.0, 1.0, S) == MAX_WINDOWS
+    # Another window like the last would run past the budget, warm-up included.
+    assert windows_done([100.0], 50.0, 10.0, S) is None  # 60 s: still within
+    assert windows_done([100.0], 50.0, 10.1, S) == BUDGET_SPENT
+
+
+def test_a_single_window_can_settle_when_one_is_enough() -> None:
+    assert windows_done([100.0], 1.0, 1.0, replace(S, min_windows=1)) == SETTLED
+
+
+# -- the budget's time model ----------------------------------------------------------------------
+
+def test_measuring_time_is_warm_up_and_windows_at_most() -> None:
+    # Short steps: warm-up's minimum plus the first step's extra, then windows a step longer
+    # than min_window_s at most.
+    assert measuring_seconds(0.3, S) == pytest.approx((2 + 1.6) * 0.3 + 3 * (1.0 + 0.3))
+    # Long steps: a window is one step.
+    assert measuring_seconds(5.0, S) == pytest.approx((2 + 1.6) * 5.0 + 3 * 5.0)
+    assert measuring_seconds(5.0, S, windows=2) == pytest.approx((2 + 1.6) * 5.0 + 2 * 5.0)
+
+
+@pytest.mark.parametrize("step_s", [0.01, 0.07, 0.3, 0.33, 0.5, 0.99, 1.0, 1.01, 7.0])
+def test_the_budget_model_holds_every_window_the_loop_would_time(step_s: float) -> None:
+    window = steps_per_window(step_s, S) * step_s
+    warm_and_one = measuring_seconds(step_s, S, windows=1) - measuring_seconds(step_s, S, 0)
+    assert S.min_window_s <= window + 1e-12 and window <= warm_and_one + 1e-12
+
+
+# -- what the windows say -------------------------------------------------------------------------
+
+def _windows(*pairs: tuple[int, float], **waits: float) -> list[Window]:
+    out: list[Window] = []
+    for samples, seconds in pairs:
+        w: Window = {"samples": samples, "seconds": seconds, "steps": 2}
+        if "data" in waits:
+            w["data_wait_s"] = waits["data"]
+        out.append(w)
+    return out
+
+
+def test_window_stats_derive_rates_median_spread_and_step_time() -> None:
+    stats = WindowStats(_windows((100, 1.0), (100, 0.5), (100, 0.8)))
+    assert stats.rates == [100.0, 200.0, 125.0]
+    assert stats.median == 125.0
+    assert stats.spread == pytest.approx(protocol.median_and_cv([100.0, 200.0, 125.0])[1])
+    assert stats.step_time_s == pytest.approx(2.3 / 6)
+
+
+def test_one_window_has_no_spread_and_an_unmeasured_wait_is_absent() -> None:
+    one = WindowStats(_windows((100, 2.0)))
+    assert one.median == 50.0 and one.spread is None
+    assert one.breakdown == {"compute": 1.0}  # no data wait reported: unknown, not zero
+    waited = WindowStats(_windows((100, 1.0), (100, 1.0), data=0.5))
+    assert waited.breakdown == {"data_wait": 0.5, "compute": 0.5}
+
+
+# -- one protocol: the loop and the driver decide alike -------------------------------------------
+
+@dataclass
+class _Clock:
+    now: float = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _Ranks:
+    def agree(self, *values: float) -> list[float]:
+        return list(values)
+
+
+@dataclass
+class _Trainer:
+    """Steps that take the given seconds on the clock, one after another."""
+
+    clock: _Clock
+    steps: list[float]
+    config: Config = field(default_factory=lambda: Config(micro_batch_size=8))
+    ranks: _Ranks = field(default_factory=_Ranks)
+    comm: None = None
+    taken: int = 0
+
+    def sync(self) -> None:
+        pass
+
+    def step(self, after_micro: Any = None) -> float:
+        self.clock.now += self.steps[self.taken]
+        self.taken += 1
+        return 0.0
+
+    def nonfinite_steps(self) -> int:
+        return 0
+
+
+class _Progress:
+    def emit(self, event: str, **data: Any) -> None:
+        pass
+
+
+def _loop(steps: list[float], settings: MeasureSettings,
+          monkeypatch: pytest.MonkeyPatch) -> tuple[WarmUp, int, list[Window]]:
+    clock = _Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    trainer: Any = _Trainer(clock, steps)
+    warm = loop.warm_up(trainer, settings, _Progress())  # type: ignore[arg-type]
+    windows: list[Window] = []
+    per = loop.measure_windows(trainer, settings, _Progress(), warm,  # type: ignore[arg-type]
+                               windows)
+    return warm, per, windows
+
+
+def _driver(tmp_path: Path, steps: list[float], settings: MeasureSettings) -> StepDriver:
+    # Step 1 is the script's start-up (its start is not reported); steps 2, ... are the loop's.
+    tmp_path.mkdir(exist_ok=True)
+    ends = [time.time() - sum(steps) - 1.0]
+    for s in steps:
+        ends.append(ends[-1] + s)
+    with open(tmp_path / "steps.rank0.jsonl", "w") as f:
+        for i, t in enumerate(ends):
+            f.write(json.dumps({"s": i + 1, "t": t, "n": 8}) + "\n")
+    d = StepDriver(tmp_path, 1, settings, "train.py", str(tmp_path / "progress.jsonl"),
+                   str(tmp_path / "result.json"), started=ends[0] - 5.0)
+    d.poll()
+    return d
+
+
+@pytest.mark.parametrize("steps,settings,expected", [
+    # Settles at once; three windows of 4 steps agree.
+    ([0.5, 0.3, 0.3] + [0.25] * 60, replace(S, min_window_s=1.0), (STABLE, 4, 3)),
+    # Never steady within the tolerance: warm-up ends at its cap, windows stop at theirs.
+    ([0.2, 0.1] * 4 + [0.1, 0.2] * 40, replace(S, min_window_s=0.25, max_windows=4),
+     (MAX_STEPS, 3, 4)),
+    # Long unsteady steps: warm-up ends on time, one window, then the budget is spent.
+    ([3.0, 4.5, 3.0, 6.0] + [4.0] * 10, replace(S, max_seconds=20.0), (TIME, 1, 1)),
+])
+def test_the_loop_and_the_driver_decide_alike_on_the_same_steps(
+        steps: list[float], settings: MeasureSettings, expected: tuple[str, int, int],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    warm, per, windows = _loop(steps, settings, monkeypatch)
+    assert (warm.ended_by, per, len(windows)) == expected
+    d = _driver(tmp_path, steps, settings)
+    assert d.done and json.loads((tmp_path / "result.json").read_text())["status"] == "ok"
+    # (The step files' clock is the wall clock's: its end times are good to a microsecond.)
+    assert d.warmup.ended_by == warm.ended_by
+    assert d.warmup.step_times == pytest.approx(warm.step_times, abs=1e-5)
+    assert d.per_window == per
+    assert [w["seconds"] for w in d.windows] == pytest.approx([w["seconds"] for w in windows],
+                                                              abs=1e-5)
+
+
+def test_the_loop_and_the_driver_give_up_alike_on_steps_the_budget_cannot_measure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One 30 s step: another and a one-step window would end at 90 s, past twice 40 s.
+    settings = replace(S, max_seconds=40.0)
+    with pytest.raises(loop.TooSlow) as slow:
+        _loop([30.0, 30.0, 30.0], settings, monkeypatch)
+    assert slow.value.step_s == 30.0 and slow.value.rate == pytest.approx(8 / 30.0)
+    d = _driver(tmp_path, [30.0], settings)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["status"], d.give_up) == ("timeout", True)
+    assert result["reason"].startswith("one optimizer step of train.py takes ~30.0s")
+    # With a budget that holds them, neither gives up.
+    assert not _driver(tmp_path / "more", [30.0], replace(S, max_seconds=46.0)).done
