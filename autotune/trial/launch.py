@@ -1,12 +1,10 @@
-"""Starting trial processes: ``plan`` builds the launch as data, ``execute`` is the only subprocess.
+"""Starting trial processes: ``plan`` builds the launch as data (``trial.plans``), ``execute`` is
+the only subprocess.
 
-``plan`` is pure (tests assert on it without starting anything). A one-rank trial is one process
-(``python -m autotune.trial.bench``); a trial of N ranks is torchrun with a standalone rendezvous (a
-c10d store on a free port) starting N such processes, nccl on CUDA and gloo on CPU. ``execute``
-starts the trial in its own session, enforces the hard timeout and the memory limit, samples the
-tree's memory, tails the progress file, and always leaves no process behind: torchrun starts each
-rank in a session of its own, so the trial's processes are found by a token in their environment,
-which every descendant inherits, not by their process group.
+``execute`` starts the trial in its own session, enforces the hard timeout and the memory limit,
+samples the tree's memory, tails the progress file, and always leaves no process behind: torchrun
+starts each rank in a session of its own, so the trial's processes are found by a token in their
+environment, which every descendant inherits, not by their process group.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import socket
 import subprocess
 import sys
@@ -22,25 +19,34 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol
 
-from autotune.config.knobs import env_for
 from autotune.paths import import_root
-from autotune.trial.command import Command, clear, command_env
+from autotune.trial.command import clear
 from autotune.trial.driver import StepDriver
 from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
 from autotune.trial.output import CappedLog
+from autotune.trial.plans import (
+    Nodes,
+    Published,
+    TrialPlan,
+    from_published,
+    plan,
+    plan_command,
+    published,
+)
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
 from autotune.trial.progress import forward, measured_span, read_events, read_windows
 from autotune.trial.result import TrialResultDoc
 from autotune.trial.spec import TrialSpec
 
+# What the tuner calls here: the plan (``trial.plans``), its execution, the probe's tools.
+__all__ = ["Monitor", "Nodes", "Published", "RawResult", "TrialPlan", "execute", "from_published",
+           "measured_span", "plan", "plan_command", "published", "run_tool"]
+
 STDERR_TAIL_BYTES = 8000
-# Which node's ranks write the result and progress files in a trial across machines: "1" on the
-# tuner's node, "0" on the others (started by `autotune agent`); unset, global rank 0 does.
-REPORTING_NODE = "AUTOTUNE_REPORTING_NODE"
 
 
 class Monitor(Protocol):
@@ -49,166 +55,6 @@ class Monitor(Protocol):
     def start(self) -> object: ...
     def stop(self) -> list[dict[str, Any]]: ...
     def summary(self, span: tuple[float, float] | None) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """A trial across machines: ``count`` nodes meet at the c10d rendezvous ``endpoint``.
-
-    Without a ``template`` the tuner starts its own node's torchrun agent and the other nodes'
-    agents are started by ``autotune agent`` processes there, which read the trial from the
-    study. With one, the template (a cluster launcher such as ``srun ... {cmd}``) starts the
-    torchrun agent on every node; the trial's files must then be on a file system all nodes
-    share, since global rank 0 writes the result wherever it runs."""
-
-    count: int
-    endpoint: str
-    template: str | None = None
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    argv: tuple[str, ...]
-    env: dict[str, str]  # set on top of the tuner's environment
-    timeout_s: float
-    spec: dict[str, Any]  # TrialSpec.to_json(), written to spec_path before the start
-    spec_path: str
-    result_path: str
-    progress_path: str
-    stderr_path: str
-    memory_limit_bytes: int | None = None  # enforced by the launcher on CPU (tree memory)
-    address_space_bytes: int | None = None  # RLIMIT_AS for the trial process, if set
-    device: str = "cpu"
-    torchrun: tuple[str, ...] = ()  # torchrun's flags, for a multi-rank trial
-    rdzv_id: str | None = None  # the rendezvous of a trial across machines
-    script: str | None = None  # the user's script a command trial runs (``trial.command``)
-    profile: str | None = None  # the candidate profile's YAML, for a command trial to load
-
-
-class Published(TypedDict):
-    """What another node's agent reads of a trial across machines (``published``)."""
-
-    id: str | None
-    spec: dict[str, Any]  # TrialSpec.to_json()
-    torchrun: list[str]
-    env: dict[str, str]
-    timeout_s: float
-    memory_limit_bytes: int | None
-    device: str
-
-
-def _files(workdir: Path) -> dict[str, str]:
-    """Where a trial's spec, result, progress events and output go."""
-    return {k: str(workdir / f"{k}.{ext}") for k, ext in
-            (("spec", "json"), ("result", "json"), ("progress", "jsonl"), ("stderr", "log"))}
-
-
-def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.executable,
-         extra_env: Mapping[str, str] | None = None, nodes: Nodes | None = None,
-         rdzv_id: str | None = None) -> TrialPlan:
-    """The trial launch as data: argv, environment and files. Starts nothing.
-
-    ``spec.config.world_size`` > 1 starts that many ranks through torchrun on this machine, or,
-    with ``nodes``, ``world_size / nodes.count`` on each of the nodes (rendezvous ``rdzv_id``).
-    """
-    # The trial applies the address-space limit and its tie to the tuner itself, first thing
-    # in trial.bench.main: a preexec_fn is unsafe once the tuner has threads (Optuna's heartbeat).
-    config, device = spec.config, spec.device
-    workdir = Path(os.path.abspath(workdir))  # a trial that changes directory still finds it
-    env = {
-        # Set before torch is imported in the trial: knob env (NCCL_*) and quiet, honest defaults.
-        **env_for(config),
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",  # tokenizers' own threads would fight loader workers
-        **dict(extra_env or {}),
-    }
-    files = _files(workdir)
-    # Every process of the trial inherits this: how execute finds them all at the end.
-    env[TRIAL_TOKEN] = new_token(files["result"])
-    bench = ("-m", "autotune.trial.bench", files["spec"], files["result"], files["progress"])
-    torchrun: tuple[str, ...] = ()
-    if nodes is not None:
-        if config.world_size % nodes.count:
-            raise ValueError(f"{config.world_size} ranks do not split over {nodes.count} nodes")
-        # c10d: the node at the endpoint hosts the store; a fixed node count (min = max)
-        # starts the trial as soon as every node has joined. No restarts: a failed rank or a
-        # lost node ends the trial.
-        torchrun = (f"--nnodes={nodes.count}",
-                    f"--nproc-per-node={config.world_size // nodes.count}",
-                    "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.endpoint}",
-                    f"--rdzv-id={rdzv_id or 'autotune'}", "--max-restarts=0")
-        if nodes.template is None:
-            env[REPORTING_NODE] = "1"
-    elif config.world_size == 1:
-        # A tuner started inside a distributed job (torchrun, a Kubeflow pod) must not hand its
-        # own rank variables to a one-rank trial: it would join that job's process group.
-        env.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
-    else:
-        # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT for each rank, and
-        # OMP_NUM_THREADS=1 unless it is set (as a torchrun training run would get it). No
-        # restarts: a failed rank ends the trial, and torchrun stops the other ranks.
-        torchrun = ("--standalone", f"--nproc-per-node={config.world_size}", "--max-restarts=0")
-    argv: tuple[str, ...] = (python, *(("-m", "torch.distributed.run", *torchrun)
-                                       if torchrun else ()), *bench)
-    if nodes is not None and nodes.template is not None:
-        # The launcher gets the trial's environment; srun passes it on to every node's task.
-        argv = ("/bin/sh", "-c", nodes.template.replace("{cmd}", shlex.join(argv)))
-    return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),
-                     spec_path=files["spec"], result_path=files["result"],
-                     progress_path=files["progress"], stderr_path=files["stderr"],
-                     memory_limit_bytes=spec.memory_limit_bytes if device == "cpu" else None,
-                     address_space_bytes=spec.address_space_bytes, device=device,
-                     torchrun=torchrun, rdzv_id=rdzv_id if nodes is not None else None)
-
-
-def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s: float,
-                 profile: str, extra_env: Mapping[str, str] | None = None) -> TrialPlan:
-    """A trial that runs the user's command as typed (its own launcher starts its ranks), with
-    ``profile`` (a profile's YAML: the candidate config) written as ``workdir/profile.yaml`` for
-    it to load, and ``workdir`` the step protocol's folder. The spec is written beside it for
-    the record; the command does not read it."""
-    config = spec.config
-    # Absolute: a script that changes directory (os.chdir before loading its profile, or after)
-    # still finds its profile, its step files and the stop request.
-    workdir = Path(os.path.abspath(workdir))
-    env = {**env_for(config), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           **command_env(workdir, workdir / "profile.yaml", config.samples_per_rank_step),
-           **dict(extra_env or {})}
-    files = _files(workdir)
-    env[TRIAL_TOKEN] = new_token(files["result"])
-    return TrialPlan(argv=command.argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),
-                     spec_path=files["spec"], result_path=files["result"],
-                     progress_path=files["progress"], stderr_path=files["stderr"],
-                     memory_limit_bytes=spec.memory_limit_bytes if spec.device == "cpu" else None,
-                     device=spec.device, script=command.name, profile=profile)
-
-
-def published(p: TrialPlan) -> Published:
-    """What another node's ``autotune agent`` needs to start its part of a trial across
-    machines: the trial's spec, its environment and torchrun's flags (no paths: the agent
-    writes its own files)."""
-    local = (TRIAL_TOKEN, REPORTING_NODE, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-    return {"id": p.rdzv_id, "spec": p.spec, "torchrun": list(p.torchrun),
-            "env": {k: v for k, v in p.env.items() if k not in local},
-            "timeout_s": p.timeout_s, "memory_limit_bytes": p.memory_limit_bytes,
-            "device": p.device}
-
-
-def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.executable,
-                   extra_env: Mapping[str, str] | None = None) -> TrialPlan:
-    """This node's part of a published trial: the same ranks' command, files in ``workdir``,
-    and not the reporting node."""
-    files = _files(workdir)
-    env = {**doc["env"], **dict(extra_env or {}), REPORTING_NODE: "0",
-           TRIAL_TOKEN: new_token(files["result"])}
-    argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.trial.bench",
-            files["spec"], files["result"], files["progress"])
-    return TrialPlan(argv=argv, env=env, timeout_s=float(doc["timeout_s"]), spec=doc["spec"],
-                     spec_path=files["spec"], result_path=files["result"],
-                     progress_path=files["progress"], stderr_path=files["stderr"],
-                     memory_limit_bytes=doc.get("memory_limit_bytes"),
-                     device=doc.get("device", "cpu"), torchrun=tuple(doc["torchrun"]),
-                     rdzv_id=doc["id"])
 
 
 @dataclass
