@@ -20,14 +20,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from autotune.config.knobs import Config
+from autotune.trial.protocol import SPREAD_WINDOWS, measuring_seconds
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.search import Observation, fit_affine
 
 ASSUMED_ERROR = 0.3  # the relative error assumed until three batch sizes of a line have run
-SPREAD_WINDOWS = 2  # the fewest windows that give a spread: below this a config is too slow
 # The longest measuring budget a trial gets, as a share of --trial-timeout: the rest is start-up
 # and the slack the trial's own too-slow check needs (the --trial-seconds rule's 2/3).
 MAX_BUDGET_SHARE = 2 / 3
@@ -46,6 +46,22 @@ def _key_words(config: Config) -> str:
     return f"amp {config.amp}, {config.world_size} rank(s)"
 
 
+class PredictionForm(TypedDict):
+    """A step-time prediction as it is stored beside what the trial measured."""
+
+    step_s: float
+    error: float
+    basis: str
+    fitted: bool
+
+
+class BudgetForm(TypedDict):
+    """A trial's measuring budget as it is stored."""
+
+    max_seconds: float
+    prediction: PredictionForm | None
+
+
 @dataclass(frozen=True)
 class StepPrediction:
     """Predicted seconds per optimizer step, its relative error and what it rests on."""
@@ -55,7 +71,7 @@ class StepPrediction:
     basis: str  # one line: which trials, which fit, where the error came from
     fitted: bool  # an affine fit on two or more batch sizes (else scaled from one trial)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PredictionForm:
         return {"step_s": round(self.step_s, 4), "error": round(self.error, 4),
                 "basis": self.basis, "fitted": self.fitted}
 
@@ -144,18 +160,8 @@ def _fmt(seconds: float) -> str:
 
 
 # -- the measuring budget -------------------------------------------------------------------------
-
-
-def measuring_seconds(step_s: float, settings: MeasureSettings,
-                      windows: int | None = None) -> float:
-    """Warm-up and ``windows`` timed windows (default ``min_windows``) for steps of
-    ``step_s``: the first step carries start-up costs (~1.6x a steady one here), so it rarely
-    agrees with the second and warm-up takes one step more than its minimum; a window is at
-    least ``min_window_s`` and at least one step."""
-    warm = (settings.warmup_min_steps + 1.6) * step_s
-    window = max(settings.min_window_s, step_s) + (step_s if step_s < settings.min_window_s
-                                                     else 0.0)
-    return warm + (settings.min_windows if windows is None else windows) * window
+# How long warm-up and a trial's windows take at a given step time is the measuring protocol's
+# (``trial.protocol.measuring_seconds``): the budget sizes trials by the rules they measure by.
 
 
 def startup_seconds(startups: Sequence[float], trial_timeout_s: float) -> float:
@@ -191,7 +197,7 @@ class TrialBudget:
     too_slow: str | None = None  # the config cannot be measured within --trial-timeout
     no_room: str | None = None  # it could be, but not in what is left of --timeout
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BudgetForm:
         return {"max_seconds": round(self.settings.max_seconds, 2),
                 "prediction": self.prediction.to_dict() if self.prediction else None}
 
@@ -217,7 +223,7 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
     least = measuring_seconds(p.step_s * (1.0 - p.error), settings, SPREAD_WINDOWS)
     if least > can and not p.fitted:
         # Scaled, not fitted: never a reason not to run. The trial gets all the trial timeout
-        # allows, and its own first steps judge (trial.bench.loop's TooSlow).
+        # allows, and its own first steps judge (trial.protocol.too_slow).
         return TrialBudget(_longer(settings, can), p)
     if least > can:
         return TrialBudget(settings, p, too_slow=(
