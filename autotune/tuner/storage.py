@@ -26,7 +26,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -34,13 +34,16 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat, get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
+if TYPE_CHECKING:
+    import sqlalchemy
+
 from autotune.errors import AutotuneError, StorageError, UsageError, one_line
 
 JOURNAL = "journal:///"  # Optuna's journal file storage: for clusters that share only files
 HEARTBEAT_S = 10
 GRACE_S = 60  # a trial whose worker has not beaten for this long is dead
 STORAGE_ATTEMPTS = 5
-_ENGINES: dict[str, Any] = {}
+_ENGINES: dict[str, sqlalchemy.engine.Engine] = {}
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -180,7 +183,7 @@ def open_lock_file(path: Path) -> int:
     return fd
 
 
-def _engine(url: str) -> Any:
+def _engine(url: str) -> sqlalchemy.engine.Engine:
     """One small connection pool per URL for the advisory lock, kept for the process."""
     import sqlalchemy
 

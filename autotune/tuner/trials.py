@@ -247,7 +247,7 @@ class TrialSteps:
         else:
             self.study.tell(trial, state=rec.state)
         if rec.retry_attrs is not None:
-            self.study.enqueue_trial(trial.params, user_attrs=rec.retry_attrs)
+            self.study.enqueue_trial(trial.params, user_attrs=dict(rec.retry_attrs))
 
     def _memory_model(self, snap: StudySnapshot) -> MemoryModel:
         return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -29,6 +29,21 @@ class StepForecast:
     fitted: bool
 
 
+class StepForecastDoc(TypedDict):
+    step_s: float
+    error: float
+    basis: str
+    fitted: bool
+
+
+class ForecastDoc(TypedDict):
+    """A forecast as the trial stores it."""
+
+    step: StepForecastDoc | None
+    peak_memory_bytes: int | None
+    max_seconds: float | None
+
+
 @dataclass(frozen=True)
 class Forecast:
     """What the models predicted before a trial ran, kept beside what it measured."""
@@ -45,8 +60,8 @@ class Forecast:
         peak = d.get("peak_memory_bytes")
         return cls(step, None if peak is None else int(peak), d.get("max_seconds"))
 
-    def to_dict(self) -> dict[str, Any]:
-        step = None if self.step is None else {
+    def to_dict(self) -> ForecastDoc:
+        step: StepForecastDoc | None = None if self.step is None else {
             "step_s": self.step.step_s, "error": self.step.error, "basis": self.step.basis,
             "fitted": self.step.fitted}
         return {"step": step, "peak_memory_bytes": self.peak_memory_bytes,

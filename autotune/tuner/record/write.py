@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from optuna.trial import TrialState
 
@@ -24,6 +24,16 @@ from autotune.trial.measurement import BUDGET, Measurement
 
 # Why a config was ruled out without running (TrialRecord.predicted_kind).
 PREDICTED_OOM, TOO_SLOW, OVERSUBSCRIBED = "oom", "too_slow", "oversubscribed"
+
+
+class Retry(TypedDict):
+    """What a trial that was no result is queued again with: which trial it retries, whether it
+    is the baseline, and whether the run's --timeout cut it short already (a second cut is a
+    real timeout)."""
+
+    retry_of: int
+    baseline: bool
+    budget_cut: bool
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,7 @@ class Record:
     value: float | None = None  # with COMPLETE
     constraint: float | None = None  # "memory": peak - limit; <= 0 is feasible
     intermediate: tuple[float, ...] = ()
-    retry_attrs: dict[str, Any] | None = None  # queue the trial's params again, with these
+    retry_attrs: Retry | None = None  # queue the trial's params again, with these
 
 
 def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
