@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import Config
 from autotune.config.space import load_space, narrow
 from autotune.testing.hardware import fake_cpu
+from autotune.trial.measurement import Measurement
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.budget import (
     ASSUMED_ERROR,
@@ -24,19 +25,12 @@ from autotune.tuner.budget import (
     startup_seconds,
 )
 from autotune.tuner.confirm import candidates, costs, reserve
+from autotune.tuner.confirmation import NO_WIN, Candidate, decide, settled
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
-from autotune.tuner.record import of_slow_prediction
-from autotune.tuner.results import larger_over_limit, observations, tried
-from autotune.tuner.search import (
-    NO_WIN,
-    Candidate,
-    MemoryModel,
-    Observation,
-    decide,
-    settled,
-    staged_next,
-)
+from autotune.tuner.record import of_slow_prediction, read_trial
+from autotune.tuner.search import MemoryModel, Observation, staged_next
+from autotune.tuner.snapshot import StudySnapshot, larger_over_limit, read
 
 GIB = 2**30
 SETTINGS = MeasureSettings()  # the defaults: 60 s of measuring, three windows of >= 1 s
@@ -203,30 +197,34 @@ def _ok_trial(number: int, micro: int, rate: float, wall: float, baseline: bool 
             "spread_cv": 0.01, "timings": {"warmup_s": 0.3 * wall, "measure_s": 0.5 * wall}}})
 
 
+def _snap(trials: list[FrozenTrial], limit: int = 18 * GIB) -> StudySnapshot:
+    return StudySnapshot(read_facts_of_nothing(), tuple(_records(trials)), limit)
+
+
 def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
     # Before any trial the baseline runs, whatever the budget; from the first trial on, the
     # share is kept until the trials say what the plan costs.
-    assert reserve([], 18 * GIB, 3, 3, 720.0, SETTINGS) == 0.0
+    assert reserve(_snap([]), 3, 3, 720.0, SETTINGS) == 0.0
     base_only = [_ok_trial(0, 8, 8.0, 30.0, baseline=True)]
-    assert reserve(base_only, 18 * GIB, 3, 3, 720.0, SETTINGS) == pytest.approx(
+    assert reserve(_snap(base_only), 3, 3, 720.0, SETTINGS) == pytest.approx(
         CONFIRM_SHARE * 720.0)
-    assert reserve(base_only, 18 * GIB, 0, 3, 720.0, SETTINGS) == 0.0  # --confirm-top 0
+    assert reserve(_snap(base_only), 0, 3, 720.0, SETTINGS) == 0.0  # --confirm-top 0
     # Steps of ~1 s: once two configs ran, what the whole plan costs, well within the share.
     fast = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 14.0, 30.0)]
-    cost = costs(fast, candidates(fast, 18 * GIB, 3), SETTINGS)
+    cost = costs(_snap(fast), candidates(_snap(fast), 3), SETTINGS)
     assert cost[0] == pytest.approx(0.2 * 30.0 + confirm_settings(SETTINGS, 1.0).max_seconds)
-    assert reserve(fast, 18 * GIB, 3, 3, 720.0, SETTINGS) == pytest.approx(
+    assert reserve(_snap(fast), 3, 3, 720.0, SETTINGS) == pytest.approx(
         3 * (cost[0] + 2 + cost[1] + 2))
     # Zen 3's steps (10 s and 20 s): the smallest plan, the best and the baseline twice,
     # needs more than the share; it is kept when within CONFIRM_MAX_SHARE, else nothing is.
     slow = [_ok_trial(0, 8, 8 / 10.4, 80.0, baseline=True), _ok_trial(1, 16, 16 / 19.7, 150.0)]
-    cost = costs(slow, candidates(slow, 18 * GIB, 3), SETTINGS)
+    cost = costs(_snap(slow), candidates(_snap(slow), 3), SETTINGS)
     need = 2 * (cost[0] + 2 + cost[1] + 2)
     assert need > CONFIRM_SHARE * 720.0
-    kept = reserve(slow, 18 * GIB, 3, 3, 720.0, SETTINGS)
+    kept = reserve(_snap(slow), 3, 3, 720.0, SETTINGS)
     assert kept == (pytest.approx(need) if need <= CONFIRM_MAX_SHARE * 720.0 else 0.0)
     # With a longer budget the whole plan (three rounds of the two) fits the share.
-    assert reserve(slow, 18 * GIB, 3, 3, 1800.0, SETTINGS) == pytest.approx(1.5 * need)
+    assert reserve(_snap(slow), 3, 3, 1800.0, SETTINGS) == pytest.approx(1.5 * need)
 
 
 def test_a_confirmation_round_is_sized_to_the_steps() -> None:
@@ -253,17 +251,30 @@ def test_the_zen3_runs_diagnosis_is_compute_bound_and_names_the_prediction() -> 
                                    "predicted_peak_memory_bytes": 25 * GIB}}, TrialState.PRUNED),
     ]
     winner = Config(micro_batch_size=16, num_workers=1)
-    wall = larger_over_limit(trials, winner, limit)
+    records = _records(trials)
+    wall = larger_over_limit(records, winner, limit)
     assert wall == MemoryWall(4, 128, measured=False)
-    m = {"breakdown": {"data_wait": 0.0, "compute": 1.0}, "peak_memory_bytes": int(5.03 * GIB),
-         "mfu": 0.63, "peak_tflops": 0.35}
+    m = Measurement("ok", breakdown={"data_wait": 0.0, "compute": 1.0},
+                    peak_memory_bytes=int(5.03 * GIB), mfu=0.63, peak_tflops=0.35)
     (finding,) = diagnose(m, winner, device="cpu", limit=limit, larger_over_limit=wall)
     assert finding.kind == "compute-bound"
     assert "MFU 63%" in finding.text and "data wait 0%" in finding.text
     assert "micro-batch 128 is predicted to pass it (trial 4, not run)" in finding.text
     assert "(test: grad_accum_steps 2 with micro-batch 16)" in finding.text
     # The timeouts say nothing about memory; the study's observations keep them as not fitting.
-    assert [o.fits for o in observations(trials)] == [True, True, False, False, False]
+    assert [r.observation().fits for r in records] == [True, True, False, False, False]
+
+
+def _records(trials: list[FrozenTrial]) -> list[Any]:
+    found = [read_trial(t) for t in trials]
+    assert all(r is not None for r in found)
+    return found
+
+
+def read_facts_of_nothing() -> Any:
+    from autotune.tuner.record import StudyFacts
+
+    return StudyFacts(name="crafted")
 
 
 def _study(trials: list[FrozenTrial], confirmation: dict[str, Any] | None) -> optuna.Study:
@@ -287,7 +298,8 @@ def test_no_win_beyond_noise_exports_the_baselines_settings_at_speedup_one(
     assert d.decided_by == NO_WIN
     conf = {"measured_trials": 2, "rounds": 2, "measure": {}, "decision": d.to_dict(),
             "candidates": [best.to_dict(), base.to_dict()]}
-    profile = export(_study(trials, conf), 18 * GIB, "sqlite://", None, tmp_path / "p.yaml")
+    study = _study(trials, conf)
+    profile = export(study, read(study, 18 * GIB), "sqlite://", None, tmp_path / "p.yaml")
     assert profile is not None and profile.speedup == 1.0
     assert profile.config == Config(micro_batch_size=8)
     assert any(n.startswith("no config beat the baseline by more than the measured noise")
@@ -300,13 +312,15 @@ def test_a_single_window_figure_is_never_the_exported_speedup(tmp_path: Any) -> 
     one_window = _ok_trial(1, 16, 0.81, 150.0)
     one_window.user_attrs["measurement"]["spread_cv"] = None
     trials = [_ok_trial(0, 8, 0.77, 70.0, baseline=True), one_window]
-    profile = export(_study(trials, None), 18 * GIB, "sqlite://", None, tmp_path / "p.yaml")
+    study = _study(trials, None)
+    profile = export(study, read(study, 18 * GIB), "sqlite://", None, tmp_path / "p.yaml")
     assert profile is not None and profile.config == Config(micro_batch_size=16)
     assert profile.speedup is None
     assert any("from a single timed window" in n for n in profile.notes)
     # With a spread on both sides the trials' own ratio stands, marked as not confirmed.
     trials = [_ok_trial(0, 8, 0.77, 70.0, baseline=True), _ok_trial(1, 16, 0.81, 150.0)]
-    profile = export(_study(trials, None), 18 * GIB, "sqlite://", None, tmp_path / "q.yaml")
+    study = _study(trials, None)
+    profile = export(study, read(study, 18 * GIB), "sqlite://", None, tmp_path / "q.yaml")
     assert profile is not None and profile.speedup == pytest.approx(0.81 / 0.77, abs=1e-3)
     assert any(n.startswith("not confirmed") for n in profile.notes)
 
@@ -318,10 +332,11 @@ def test_a_suggested_test_the_study_already_ran_says_what_it_measured() -> None:
     for t in trials:
         t.user_attrs["config"] = Config(micro_batch_size=t.user_attrs["config"][
             "micro_batch_size"], amp="bf16").to_dict()
-    m = {"breakdown": {"data_wait": 0.0}, "peak_memory_bytes": 7 * GIB, "mfu": 0.16,
-         "peak_tflops": 2.77, "samples_per_sec": 5.01}
+    m = Measurement("ok", breakdown={"data_wait": 0.0}, peak_memory_bytes=7 * GIB, mfu=0.16,
+                    peak_tflops=2.77, samples_per_sec=5.01)
+    snap = StudySnapshot(read_facts_of_nothing(), tuple(_records(trials)), 18 * GIB)
     (low,) = diagnose(m, Config(micro_batch_size=32, amp="bf16"), device="cpu", limit=18 * GIB,
-                      tried=tried(trials))
+                      tried=snap.tried())
     assert low.kind == "low-mfu"
     assert low.evidence["test"] == ("test: micro-batch 64 with the rest unchanged; measured "
                                     "already, trial 4: 4.48 samples/s, 0.89x this config")
@@ -333,14 +348,14 @@ def test_a_suggested_test_the_study_already_ran_says_what_it_measured() -> None:
 
 def test_compiling_is_counted_apart_from_start_up() -> None:
     from autotune.tuner.budget import compile_seconds
-    from autotune.tuner.results import compile_costs, startup_of
-
     t = optuna.trial.create_trial(value=1.0, user_attrs={
         "config": Config(compile="default").to_dict(), "status": "ok",
         "measurement": {"wall_s": 100.0, "samples_per_sec": 1.0, "timings": {
             "warmup_s": 10.0, "measure_s": 20.0, "compile_step_s": 60.0}}})
-    assert startup_of(t) == pytest.approx(10.0)  # 100 - 10 - 20 - 60: not the compile
-    assert compile_costs([t]) == [60.0]
+    (r,) = _records([t])
+    assert r.startup_s == pytest.approx(10.0)  # 100 - 10 - 20 - 60: not the compile
+    snap = StudySnapshot(read_facts_of_nothing(), (r,), 0)
+    assert snap.compile_costs() == [60.0]
     assert compile_seconds([60.0], 120.0) == pytest.approx(72.0)  # a fifth more
     assert compile_seconds([110.0], 120.0) == 120.0  # never above the limit
     assert compile_seconds([], 120.0) == 120.0  # before any compile: the limit
