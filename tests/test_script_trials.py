@@ -343,6 +343,13 @@ def _study(folder: Path) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=url)
 
 
+# amp is searched only where the CPU has native bf16 (else studies are fp32-only): the two tests
+# that need a second precision to search run on such CPUs.
+NEEDS_BF16 = pytest.mark.skipif(not detect().supports_bf16,
+                                reason="amp is searched only on a CPU with native bf16")
+
+
+@NEEDS_BF16
 def test_a_script_that_applies_only_autocast_gets_only_precision_searched(
         tmp_path: Path) -> None:
     out = autotune("run", "--trials", "3", "--no-probe", *FAST, "--param", "batch=16", "--",
@@ -366,6 +373,7 @@ def test_a_script_that_applies_only_autocast_gets_only_precision_searched(
     assert any(n.startswith("not searched: loop.py never uses") for n in profile.notes)
 
 
+@NEEDS_BF16
 def test_a_study_goes_on_past_a_config_its_script_cannot_run(tmp_path: Path) -> None:
     out = autotune("run", "--trials", "3", "--no-probe", *FAST, "--param", "batch=16", "--",
                    sys.executable, str(LOOP), "--apply", "autocast", "--behave", "crash-on-bf16",
