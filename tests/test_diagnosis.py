@@ -15,10 +15,11 @@ import yaml
 from autotune.config.knobs import Config
 from autotune.trial.bench.flops import count_flops, flops_for
 from autotune.trial.launch import execute, plan
-from autotune.trial.measurement import classify
+from autotune.trial.measurement import Measurement, classify
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
 from autotune.tuner.diagnosis import KINDS, MemoryWall, diagnose, mfu
-from autotune.tuner.results import larger_over_limit
+from autotune.tuner.record import TrialRecord, read_trial
+from autotune.tuner.snapshot import larger_over_limit
 from autotune.workloads import WorkloadSpec, resolve
 
 GIB = 2**30
@@ -89,8 +90,9 @@ def kinds(findings: list[Any]) -> list[str]:
 
 
 def test_input_bound_names_the_loader_settings_and_the_gpu_idling() -> None:
-    m = {"breakdown": {"data_wait": 0.71, "compute": 0.29}, "peak_memory_bytes": 10 * GIB,
-         "gpu": {"gpu_util_mean": 23.0}, "mfu": 0.05, "peak_tflops": 700.0}
+    m = Measurement("ok", breakdown={"data_wait": 0.71, "compute": 0.29},
+                    peak_memory_bytes=10 * GIB, gpu={"gpu_util_mean": 23.0}, mfu=0.05,
+                    peak_tflops=700.0)
     (inp, low) = diagnose(m, Config(micro_batch_size=128, amp="bf16"), device="cuda",
                           limit=120 * GIB)
     assert inp.kind == "input-bound" and low.kind == "low-mfu"
@@ -101,8 +103,8 @@ def test_input_bound_names_the_loader_settings_and_the_gpu_idling() -> None:
 
 
 def test_communication_bound_quotes_the_probe_bus_bandwidth() -> None:
-    m = {"breakdown": {"data_wait": 0.01, "comm_wait": 0.4, "compute": 0.59},
-         "peak_memory_bytes": GIB}
+    m = Measurement("ok", breakdown={"data_wait": 0.01, "comm_wait": 0.4, "compute": 0.59},
+                    peak_memory_bytes=GIB)
     probe = {"allreduce_busbw_gbs": 12.5, "flags": []}
     found = diagnose(m, Config(world_size=2, ddp_bucket_cap_mb=25), device="cuda",
                      limit=80 * GIB, probe=probe)
@@ -112,10 +114,10 @@ def test_communication_bound_quotes_the_probe_bus_bandwidth() -> None:
 
 
 def test_memory_bound_by_share_or_by_a_larger_batch_over_the_limit() -> None:
-    m = {"breakdown": {"data_wait": 0.0}, "peak_memory_bytes": 18 * GIB}
+    m = Measurement("ok", breakdown={"data_wait": 0.0}, peak_memory_bytes=18 * GIB)
     found = diagnose(m, Config(micro_batch_size=64), device="cuda", limit=20 * GIB)
     assert kinds(found) == ["memory-bound"] and "90% of the 20.00 GiB limit" in found[0].text
-    m["peak_memory_bytes"] = 10 * GIB
+    m = replace(m, peak_memory_bytes=10 * GIB)
     assert kinds(diagnose(m, Config(micro_batch_size=64), device="cuda",
                           limit=20 * GIB)) == ["compute-bound"]
     found = diagnose(m, Config(micro_batch_size=64), device="cuda", limit=20 * GIB,
@@ -135,7 +137,7 @@ def test_probe_flags_of_this_device_become_findings() -> None:
     probe = {"flags": ["GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16",
                        "GPU 0 matmul bf16: 300 TFLOP/s is 30% of the 989.4 TFLOP/s theoretical",
                        "CPU GEMM fp32: 0.01 TFLOP/s is 4% of the 0.269 TFLOP/s theoretical"]}
-    m = {"breakdown": {}, "peak_memory_bytes": GIB}
+    m = Measurement("ok", breakdown={}, peak_memory_bytes=GIB)
     found = diagnose(m, Config(), device="cuda", limit=80 * GIB, probe=probe)
     assert kinds(found) == ["degraded-link", "slow-device"]
     assert found[0].text == ("degraded link: GPU 3 runs PCIe Gen3 x8; it can run Gen4 x16 "
@@ -145,8 +147,8 @@ def test_probe_flags_of_this_device_become_findings() -> None:
 
 
 def test_compute_bound_when_nothing_else_holds_it_back() -> None:
-    m = {"breakdown": {"data_wait": 0.02, "compute": 0.98}, "peak_memory_bytes": 4 * GIB,
-         "mfu": 0.62, "peak_tflops": 0.6}
+    m = Measurement("ok", breakdown={"data_wait": 0.02, "compute": 0.98},
+                    peak_memory_bytes=4 * GIB, mfu=0.62, peak_tflops=0.6)
     (only,) = diagnose(m, Config(amp="bf16"), device="cpu", limit=16 * GIB)
     assert only.kind == "compute-bound"
     assert only.text.startswith("compute-bound: MFU 62% of the measured bf16 peak; data wait 2%")
@@ -156,12 +158,14 @@ def test_compute_bound_when_nothing_else_holds_it_back() -> None:
 
 
 def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory() -> None:
-    def trial(number: int, micro: int, status: str, peak: int, **attrs: Any) -> Any:
+    def trial(number: int, micro: int, status: str, peak: int, **attrs: Any) -> TrialRecord:
         t = optuna.trial.create_trial(value=1.0, user_attrs={
             "config": Config(micro_batch_size=micro).to_dict(), "status": status,
             "measurement": {"peak_memory_bytes": peak}, **attrs})
         t.number = number
-        return t
+        found = read_trial(t)
+        assert found is not None
+        return found
 
     trials = [trial(0, 32, "ok", 5 * GIB), trial(1, 64, "ok", 9 * GIB),
               trial(2, 256, "oom", 0), trial(3, 128, "ok", 11 * GIB),
@@ -185,7 +189,8 @@ def test_larger_over_limit_finds_the_smallest_larger_batch_that_failed_on_memory
 
 def test_an_unmeasured_wait_is_no_evidence_of_compute_bound() -> None:
     # A script that reports no data wait: its breakdown has none, and nothing rules it out.
-    m = {"breakdown": {"compute": 1.0}, "peak_memory_bytes": GIB, "script": {"name": "t.py"}}
+    m = Measurement("ok", breakdown={"compute": 1.0}, peak_memory_bytes=GIB,
+                    script={"name": "t.py"})
     (only,) = diagnose(m, Config(micro_batch_size=16), device="cpu", limit=16 * GIB)
     assert only.kind == "unexplained"
     assert only.text.startswith("not diagnosed: no MFU (a script's FLOPs are not counted); ")
@@ -193,13 +198,14 @@ def test_an_unmeasured_wait_is_no_evidence_of_compute_bound() -> None:
     assert "(test: num_workers 2" not in only.text and "test: num_workers 2" in only.text
     assert only.evidence["data_wait_share"] is None
     # Two ranks of a script: the all-reduce wait is unknown too, though the data wait is not.
-    m2 = {"breakdown": {"data_wait": 0.01, "compute": 0.99}, "peak_memory_bytes": GIB}
+    m2 = Measurement("ok", breakdown={"data_wait": 0.01, "compute": 0.99},
+                     peak_memory_bytes=GIB)
     (only,) = diagnose(m2, Config(world_size=2), device="cpu", limit=16 * GIB)
     assert only.kind == "unexplained" and "communication unknown (not reported)" in only.text
 
 
 def test_a_test_the_script_cannot_run_says_so() -> None:
-    m = {"breakdown": {"data_wait": 0.0}, "peak_memory_bytes": GIB}
+    m = Measurement("ok", breakdown={"data_wait": 0.0}, peak_memory_bytes=GIB)
     why = "train.py never uses accumulation_steps(): grad_accum_steps is not searched"
     (only,) = diagnose(m, Config(), device="cpu", limit=16 * GIB,
                        unapplied={"grad_accum_steps": why})
@@ -208,7 +214,6 @@ def test_a_test_the_script_cannot_run_says_so() -> None:
 
 
 def test_a_rate_beyond_the_machine_s_peak_is_not_a_measurement() -> None:
-    from autotune.trial.measurement import Measurement
     from autotune.tuner.diagnosis import BEYOND_PEAK, with_efficiency
 
     probe = {"peak_tflops": {"fp32": 0.2, "bf16": 0.6}}

@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.profile import load_profile
-from autotune.tuner.results import measured, recorded
+from autotune.tuner.record import TrialRecord, read_trials
 from tests.conftest import FAST, ROOT, autotune
 
 pytestmark = pytest.mark.slow
@@ -97,17 +97,20 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
             assert w.returncode == 0, out[-2000:] + err[-2000:]
 
         study = optuna.load_study(study_name=name, storage=postgres_url)
-        trials = recorded(study)
-        ran = measured(trials)
+        records = read_trials(study)
+        ran_records = [r for r in records if r.ran]
+        # The trials as stored, for what only Optuna's trial holds (the worker, the devices).
+        ran = [study.trials[r.number] for r in ran_records]
         assert len(ran) == 8  # exactly the study's target, none lost
         numbers = [t.number for t in ran]
         assert len(set(numbers)) == len(numbers)
-        configs = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in ran]
+        configs = [r.config for r in ran_records]
         assert len(set(configs)) == len(configs)  # no config measured twice
         victim_t = study.trials[killed]
         assert victim_t.state == TrialState.FAIL and victim_t.user_attrs["interrupted"]
         retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
-        assert retry and retry[0].state != TrialState.RUNNING and retry[0] in trials
+        assert retry and retry[0].state != TrialState.RUNNING
+        assert retry[0].number in {r.number for r in records}
         assert not any(t.state == TrialState.RUNNING for t in study.trials)
         # Every worker that lived ran trials, and on this one machine never two at once: the
         # device lock made them wait for each other.
@@ -118,7 +121,7 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
         assert any(t.user_attrs["devices"]["waited_s"] > 0.1 for t in ran)
         # The baseline (the victim's, or its retry's, when the victim died measuring it) was
         # queued once and measured once.
-        assert len([t for t in ran if t.user_attrs.get("baseline")]) == 1
+        assert len([r for r in ran_records if r.is_baseline]) == 1
         # Each worker exported what the study held when it stopped; the last one saw all 8.
         profiles = [load_profile(tmp_path / w / "profile.yaml") for w in ("w1", "w2")]
         assert all(p.provenance["study"] == name for p in profiles)
@@ -128,8 +131,8 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
         again = autotune(*args[:4], "9", *args[5:], "--out", "w1", cwd=tmp_path)
         assert again.returncode == 0, again.stderr
         assert "resuming     8 trial(s) already measured" in again.stdout
-        assert len(measured(recorded(optuna.load_study(study_name=name,
-                                                       storage=postgres_url)))) == 9
+        resumed = read_trials(optuna.load_study(study_name=name, storage=postgres_url))
+        assert len([r for r in resumed if r.ran]) == 9
 
         # A worker on other hardware (here: a fake NVIDIA driver) is refused, and adds nothing.
         fake = tmp_path / "machine.json"
@@ -148,7 +151,7 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
 
 
 def two_nodes(tmp_path: Path, study: str, *args: str,
-              ) -> tuple[subprocess.CompletedProcess[str], str, optuna.trial.FrozenTrial]:
+              ) -> tuple[subprocess.CompletedProcess[str], str, TrialRecord]:
     """The tuner and `autotune agent` as two 'nodes' on 127.0.0.1: separate device-lock
     directories, as separate machines have, and one journal file as their storage. Returns the
     tuner's run, the agent's output and the study's one recorded trial."""
@@ -170,7 +173,7 @@ def two_nodes(tmp_path: Path, study: str, *args: str,
             agent.kill()
     assert agent.returncode == 0, err
     assert "1 trial(s) joined" in out
-    (trial,) = recorded(optuna.load_study(study_name=study, storage=open_storage(db)))
+    (trial,) = read_trials(optuna.load_study(study_name=study, storage=open_storage(db)))
     return run, out, trial
 
 
@@ -179,11 +182,11 @@ def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
     127.0.0.1 and run one gloo trial of two ranks; the tuner's node writes the one result."""
     run, _, trial = two_nodes(tmp_path, "two-nodes", "--model", "mlp")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    result = trial.user_attrs["measurement"]
-    assert trial.user_attrs["status"] == "ok" and trial.user_attrs["config"]["world_size"] == 2
+    result = trial.measurement
+    assert trial.status == "ok" and trial.config.world_size == 2
     # Both nodes' ranks measured, merged into one result by the slowest-rank rule.
-    assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
-    assert result["samples_per_sec"] > 0 and len(result["windows"]) >= 3
+    assert sorted(r["rank"] for r in result.ranks) == [0, 1]
+    assert (result.samples_per_sec or 0) > 0 and len(result.windows) >= 3
     assert list((tmp_path / "node1").glob("*/stderr.log"))  # the agent's own log
 
 
@@ -196,8 +199,8 @@ def test_a_rank_failing_on_another_node_is_named_as_the_cause(tmp_path: Path) ->
         tmp_path, "remote-crash", "--model", "autotune.testing.workloads:crash", "--param",
         "elsewhere=true", "--param", "after=2", "--param", "message=boom on the far node")
     assert run.returncode == 1 and "internal error" not in run.stderr, run.stderr[-3000:]
-    reason = trial.user_attrs["reason"]
-    assert trial.user_attrs["status"] == "error"
+    reason = trial.reason or ""
+    assert trial.status == "error"
     assert re.fullmatch(rf"rank \d: ValueError: boom on the far node \(on {hostname()}\)",
                         reason), reason
     assert "boom on the far node" in out  # the agent says it too
@@ -214,16 +217,16 @@ def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_time
     ok = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--launcher",
                   launcher, "--study", "launched", cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-3000:]
-    (trial,) = recorded(optuna.load_study(study_name="launched", storage=db))
-    assert trial.user_attrs["status"] == "ok" and len(trial.user_attrs["measurement"]["ranks"]) == 2
+    (trial,) = read_trials(optuna.load_study(study_name="launched", storage=db))
+    assert trial.status == "ok" and len(trial.measurement.ranks) == 2
 
     started = time.monotonic()
     alone = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--study",
                      "alone", "--trial-timeout", "12s", "--trial-seconds", "5", cwd=tmp_path)
     assert time.monotonic() - started < 90
     assert alone.returncode == 1  # nothing was measured: the one trial timed out
-    (trial,) = recorded(optuna.load_study(study_name="alone", storage=db))
-    assert trial.user_attrs["status"] == "timeout", trial.user_attrs["reason"]
+    (trial,) = read_trials(optuna.load_study(study_name="alone", storage=db))
+    assert trial.status == "timeout", trial.reason
 
 
 def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers(

@@ -9,15 +9,17 @@ import pytest
 from autotune.config.knobs import Config
 from autotune.config.space import NarrowedSpace, narrow, parse_space
 from autotune.testing.hardware import fake_gpus
-from autotune.tuner.search import (
+from autotune.tuner.confirmation import (
     Candidate,
-    MemoryModel,
-    Observation,
     confirmation_seconds,
     decide,
+    plan_confirmation,
+)
+from autotune.tuner.search import (
+    MemoryModel,
+    Observation,
     fit_affine,
     noise_of,
-    plan_confirmation,
     prune_reason,
     since_improvement,
     staged_next,

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.profile import load_profile
-from autotune.tuner.results import recorded
+from autotune.tuner import snapshot
+from autotune.tuner.record import TrialRecord, read_trials
 from tests.conftest import FAST, autotune
 
 DB = "sqlite:///study.db"
@@ -23,13 +24,18 @@ def load() -> optuna.Study:
     return optuna.load_study(study_name=optuna.get_all_study_names(DB)[0], storage=DB)
 
 
+def stored(r: TrialRecord) -> optuna.trial.FrozenTrial:
+    """The trial behind a record, as Optuna holds it (its constraints, intermediate values)."""
+    return load().trials[r.number]
+
+
 def space(workdir: Path, text: str) -> str:
     (workdir / "space.yaml").write_text(text)
     return "space.yaml"
 
 
 def memhog_study(workdir: Path, mib_per_sample: int, micros: str, trials: int, limit: str,
-                 ) -> tuple[str, list[FrozenTrial], list[FrozenTrial]]:
+                 ) -> tuple[str, list[TrialRecord], list[TrialRecord]]:
     """A memhog study (peak ~ torch's own memory + mib_per_sample x micro-batch): its output,
     the trials that ran, and those the memory model ruled out."""
     result = autotune(*MEMHOG, "--param", f"mib_per_sample={mib_per_sample}", "--space", space(
@@ -40,10 +46,9 @@ def memhog_study(workdir: Path, mib_per_sample: int, micros: str, trials: int, l
         # A trial the stop rule ends early costs nothing more.
         "--trial-seconds", "15", cwd=workdir)
     assert result.returncode == 0, result.stderr
-    done = recorded(load())
-    ran = [t for t in done if not t.user_attrs.get("predicted")
-           and t.user_attrs.get("reused_from") is None]
-    return result.stdout, ran, [t for t in done if t.user_attrs.get("predicted")]
+    done = read_trials(load())
+    ran = [t for t in done if t.ran]  # not ruled out, not a repeat reusing a twin's outcome
+    return result.stdout, ran, [t for t in done if t.predicted]
 
 
 def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
@@ -51,31 +56,29 @@ def test_the_memory_model_rules_out_what_would_not_fit(workdir: Path) -> None:
     # puts 16 above it.
     out, ran, ruled_out = memhog_study(workdir, 64, "1, 2, 4, 8, 16, 32, 64", 6, "1.25GiB")
     assert [t.params["micro_batch_size"] for t in ran[:2]] == [4, 8]
-    assert ran[1].user_attrs["stage"].startswith("staged: largest micro-batch that fits")
+    assert (ran[1].stage or "").startswith("staged: largest micro-batch that fits")
     # Nothing ran into the wall (smaller batches may be pruned for being slow: memhog's rate
     # grows with the batch).
-    seen = [(t.params["micro_batch_size"], t.user_attrs["status"],
-             (t.user_attrs.get("measurement") or {}).get("peak_memory_bytes"),
-             t.user_attrs.get("stage"), t.user_attrs.get("reason")) for t in ran]
-    assert {t.user_attrs["status"] for t in ran} <= {"ok", "pruned"}, seen
+    seen = [(t.params["micro_batch_size"], t.status, t.peak_memory_bytes, t.stage, t.reason)
+            for t in ran]
+    assert {t.status for t in ran} <= {"ok", "pruned"}, seen
     assert max(t.params["micro_batch_size"] for t in ran) == 8, seen
-    assert ruled_out and all(t.state == TrialState.PRUNED and t.constraints["memory"] > 0
+    assert ruled_out and all(t.state == TrialState.PRUNED and stored(t).constraints["memory"] > 0
                              for t in ruled_out)
-    first = ruled_out[0].user_attrs
+    first = ruled_out[0]
     assert re.match(r"predicted-oom: peak \d+\.\d+ GiB at micro-batch (16|32|64) \(affine fit on "
-                    r"\d+ trials", first["reason"]), first["reason"]
-    assert first["measurement"]["predicted_peak_memory_bytes"] > 1.25 * 2**30 * 0.95
+                    r"\d+ trials", first.reason or ""), first.reason
+    assert (first.measurement.predicted_peak_memory_bytes or 0) > 1.25 * 2**30 * 0.95
     assert "predicted to pass the memory limit" in out
 
 
 def test_no_larger_micro_batch_after_an_oom(workdir: Path) -> None:
     # 128 MiB per sample: the baseline (4) fits 1 GiB, the doubling to 8 does not.
     _, ran, ceiling = memhog_study(workdir, 128, "1, 2, 4, 8, 16, 32", 5, "1GiB")
-    statuses = {t.params["micro_batch_size"]: t.user_attrs["status"] for t in ran}
+    statuses = {t.params["micro_batch_size"]: t.status for t in ran}
     assert statuses[4] == "ok" and statuses[8] == "oom"
     assert not any(m > 8 for m in statuses)  # after the OOM at 8, nothing larger ran
-    assert ceiling and all("8, which ran out of memory" in t.user_attrs["reason"]
-                           for t in ceiling)
+    assert ceiling and all("8, which ran out of memory" in (t.reason or "") for t in ceiling)
 
 
 def test_pruning_and_early_stop(workdir: Path) -> None:
@@ -88,14 +91,14 @@ def test_pruning_and_early_stop(workdir: Path) -> None:
                                        "\n  num_workers: {choices: [0, 1]}\n"),
                       "--trials", "10", "--patience", "2", "--storage", DB, *FAST, cwd=workdir)
     assert result.returncode == 0, result.stderr
-    trials = recorded(load())
+    trials = read_trials(load())
     by_config = {(t.params["micro_batch_size"], t.params["num_workers"]): t for t in trials
-                 if t.user_attrs.get("reused_from") is None}
-    assert by_config[(16, 0)].user_attrs.get("stage")
+                 if t.reused_from is None}
+    assert by_config[(16, 0)].stage
     slow = by_config[(4, 1)]
-    assert slow.state == TrialState.PRUNED and slow.user_attrs["status"] == "pruned"
-    assert slow.user_attrs["reason"].startswith("its first 2 windows reached at most")
-    assert len(slow.intermediate_values) >= 2  # its windows, for the sampler
+    assert slow.state == TrialState.PRUNED and slow.status == "pruned"
+    assert (slow.reason or "").startswith("its first 2 windows reached at most")
+    assert len(stored(slow).intermediate_values) >= 2  # its windows, for the sampler
     assert "no trial beat the best by more than the noise" in result.stdout
     assert len(by_config) == 4
 
@@ -109,25 +112,28 @@ def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
     result = autotune(*args, cwd=workdir)
     assert result.returncode == 0, result.stderr
     study = load()
-    conf = study.user_attrs["confirmation"]
-    cands = conf["candidates"]
-    assert conf["rounds"] == 2 and len(cands) == 2
-    assert sum(c["baseline"] for c in cands) == 1  # the baseline is re-measured alongside
-    assert all(len(c["samples_per_sec"]) == 2 for c in cands)
-    assert conf["measure"]["min_window_s"] == pytest.approx(0.2)  # twice the trials' windows
+    conf = snapshot.read(study).facts.confirmation
+    assert conf is not None
+    cands = conf.candidates
+    assert conf.rounds == 2 and len(cands) == 2
+    assert sum(c.baseline for c in cands) == 1  # the baseline is re-measured alongside
+    assert all(len(c.rates) == 2 for c in cands)
+    assert conf.measure["min_window_s"] == pytest.approx(0.2)  # twice the trials' windows
     # Interleaved: round 1 of every config before round 2 of any.
     runs = sorted((workdir / "studies" / study.study_name / "confirm").iterdir(),
                   key=lambda p: p.stat().st_mtime)
     assert [p.name.split("-")[0] for p in runs] == ["1"] * len(cands) + ["2"] * len(cands)
     profile = load_profile(workdir / "studies" / study.study_name / "profile.yaml")
     assert profile.confirmation is not None
-    winner = next(c for c in cands if c["trial"] == conf["decision"]["winner_trial"])
-    base = next(c for c in cands if c["baseline"])
-    assert profile.samples_per_sec == pytest.approx(winner["median"])
-    assert profile.speedup == pytest.approx(winner["median"] / base["median"], rel=1e-3)
+    winner = next(c for c in cands if c.trial == conf.decision.winner_trial)
+    base = next(c for c in cands if c.baseline)
+    assert winner.median and base.median
+    assert profile.samples_per_sec == pytest.approx(winner.median)
+    assert profile.speedup == pytest.approx(winner.median / base.median, rel=1e-3)
     assert profile.result["trial_samples_per_sec"] > 0
     assert "measured side by side" in result.stdout and "interleaved rounds" in result.stdout
     # Resuming with nothing new to measure keeps the confirmation and measures nothing.
     again = autotune(*args, cwd=workdir)
     assert again.returncode == 0 and "round 1/" not in again.stdout
-    assert load().user_attrs["confirmation"]["created"] == conf["created"]
+    kept = snapshot.read(load()).facts.confirmation
+    assert kept is not None and kept.raw["created"] == conf.raw["created"]

@@ -8,7 +8,9 @@ from typing import Any
 from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow, parse_space
 from autotune.testing.hardware import fake_cpu, fake_gpus
-from autotune.tuner.diagnosis import config_key as key
+from autotune.trial.measurement import Measurement
+from autotune.tuner.diagnosis import Finding
+from autotune.tuner.record import TrialRecord, read_trial
 from autotune.tuner.search import MemoryModel, Observation, staged_next
 from autotune.tuner.stages import REMEDIES, diagnosis_next, story
 
@@ -16,8 +18,8 @@ GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
                    supports=DECLARED)
 
 
-def finding(kind: str, **evidence: Any) -> dict[str, Any]:
-    return {"kind": kind, "text": kind, "evidence": evidence}
+def finding(kind: str, **evidence: Any) -> Finding:
+    return Finding(kind, kind, evidence)
 
 
 def never(config: Config) -> bool:
@@ -47,14 +49,14 @@ def test_each_kind_of_limit_is_addressed_by_its_own_knobs_first() -> None:
 def test_an_unexplained_config_tries_loader_and_compute_knobs_in_turn() -> None:
     # A script that reports no data wait: not diagnosed, so both kinds of remedy are tested.
     base = GPU_SPACE.variant(Config(), micro_batch_size=32, amp="bf16")
-    tried: set[str] = set()
+    tried: set[Config] = set()
     knobs: list[str] = []
     while (proposal := diagnosis_next(GPU_SPACE, base, [finding("unexplained")], tried,
                                       never)) is not None:
         assert proposal.stage.startswith("diagnosis: data wait not measured -> ")
         knob = proposal.stage.split("-> ")[1].split()[0]
         knobs += [knob] if knob not in knobs else []
-        tried.add(key(proposal.config))
+        tried.add(proposal.config)
     assert knobs[:2] == ["num_workers", "optimizer_impl"]  # loader first, then compute
     assert {"compile", "pin_memory"} <= set(knobs) <= set(REMEDIES["unexplained"])
     # Without an MFU figure a compute-bound headline says so, not "MFU ?".
@@ -66,10 +68,10 @@ def test_an_unexplained_config_tries_loader_and_compute_knobs_in_turn() -> None:
 def test_a_stage_walks_its_remedies_and_ends_when_all_were_tried() -> None:
     base = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
     low = [finding("low-mfu", mfu=0.07)]
-    tried: set[str] = set()
+    tried: set[Config] = set()
     stages = []
     while (p := diagnosis_next(GPU_SPACE, base, low, tried, never)) is not None:
-        tried.add(key(p.config))
+        tried.add(p.config)
         stages.append(p.stage.split("-> ")[1])
     assert stages[:4] == ["optimizer_impl fused", "optimizer_impl for-loop", "compile default",
                           "compile max-autotune-no-cudagraphs"]
@@ -92,21 +94,24 @@ def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch
     first = diagnosis_next(GPU_SPACE, plain, mem, set(), never)
     assert first is not None and first.config.activation_checkpointing
     assert first.config.micro_batch_size == 32
-    then = diagnosis_next(GPU_SPACE, plain, mem, {key(first.config)}, never)
+    then = diagnosis_next(GPU_SPACE, plain, mem, {first.config}, never)
     assert then is not None and then.config.micro_batch_size == 64
     assert then.config.activation_checkpointing
     assert then.stage.endswith("-> micro-batch 64 with checkpointing")
 
 
 def test_the_story_reads_each_diagnosis_stage_with_its_speedup() -> None:
-    from types import SimpleNamespace as T
+    from optuna.trial import TrialState
 
-    trials = [T(stage=None, status="ok", samples_per_sec=10.0),
-              T(stage="staged: largest micro-batch that fits", status="ok", samples_per_sec=20.0),
-              T(stage="diagnosis: input-bound at 72% data wait -> num_workers 8", status="ok",
-                samples_per_sec=31.0),
-              T(stage="diagnosis: low MFU at 9% -> compile default", status="timeout",
-                samples_per_sec=None)]
+    def trial(stage: str | None, status: str, samples_per_sec: float | None) -> TrialRecord:
+        return TrialRecord(number=0, state=TrialState.COMPLETE, config=Config(), status=status,
+                           reason=None, stage=stage,
+                           measurement=Measurement(status, samples_per_sec=samples_per_sec))
+
+    trials = [trial(None, "ok", 10.0),
+              trial("staged: largest micro-batch that fits", "ok", 20.0),
+              trial("diagnosis: input-bound at 72% data wait -> num_workers 8", "ok", 31.0),
+              trial("diagnosis: low MFU at 9% -> compile default", "timeout", None)]
     assert story(trials, 10.0) == ["input-bound at 72% data wait -> num_workers 8: 3.10x",
                                    "low MFU at 9% -> compile default: no result"]
 
@@ -148,11 +153,11 @@ def test_a_study_follows_the_incumbents_diagnosis_and_records_why(tmp_path) -> N
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     study = optuna.load_study(study_name="led", storage="sqlite:///studies/autotune.db"
                               .replace("studies/", f"{tmp_path}/studies/"))
-    second = study.trials[1]
-    assert second.user_attrs["stage"].startswith("diagnosis: input-bound at "), \
-        second.user_attrs
-    assert second.user_attrs["stage"].endswith("data wait -> num_workers 1")
-    assert second.user_attrs["config"]["num_workers"] == 1
+    second = read_trial(study.trials[1])
+    assert second is not None and second.stage is not None
+    assert second.stage.startswith("diagnosis: input-bound at "), second
+    assert second.stage.endswith("data wait -> num_workers 1")
+    assert second.config.num_workers == 1
     assert "input-bound at" in out.stdout and "-> num_workers 1" in out.stdout
 
 

@@ -24,7 +24,8 @@ from autotune.machine.hardware import CPU_IDENTITY, Hardware
 from autotune.profile import FingerprintWarning, load_profile
 from autotune.testing.hardware import fake_cpu
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.results import measured, recorded
+from autotune.tuner import snapshot
+from autotune.tuner.record import TrialRecord, read_trials
 from autotune.tuner.runner import Runner, RunOptions
 from autotune.tuner.study import Identity, open_study
 from autotune.workloads import WorkloadSpec
@@ -39,6 +40,12 @@ def load(url: str, name: str | None = None) -> optuna.Study:
     return optuna.load_study(study_name=name or names[0], storage=url)
 
 
+def stored(study: optuna.Study, r: TrialRecord) -> optuna.trial.FrozenTrial:
+    """The trial behind a record, as Optuna holds it (its value, constraints, intermediate
+    values)."""
+    return study.trials[r.number]
+
+
 def test_small_study_end_to_end(workdir: Path) -> None:
     result = autotune("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST,
                       cwd=workdir)
@@ -47,23 +54,25 @@ def test_small_study_end_to_end(workdir: Path) -> None:
     assert "budget       5 measured trials in the study" in out and "(baseline)" in out
     assert "speedup over the baseline" in out
     study = load(DB)
-    trials = recorded(study)
-    assert len(measured(trials)) == 5  # a repeated or ruled-out config does not count
+    snap = snapshot.read(study)
+    trials = snap.records
+    assert len(snap.measured) == 5  # a repeated or ruled-out config does not count
     base = trials[0]
-    assert base.user_attrs["baseline"] and base.user_attrs["status"] == "ok"
+    assert base.is_baseline and base.status == "ok"
     # amp is searched only where the CPU has native bf16; the baseline runs fp32 either way.
-    assert base.params["micro_batch_size"] == 32 and base.user_attrs["config"]["amp"] == "off"
-    assert base.params["num_workers"] == 0 and base.constraints["memory"] == pytest.approx(
-        base.user_attrs["measurement"]["peak_memory_bytes"] - study.user_attrs[
-            "memory_limit_bytes"])
-    assert len(base.intermediate_values) >= 3  # each window's throughput
+    assert base.params["micro_batch_size"] == 32 and base.config.amp == "off"
+    assert base.params["num_workers"] == 0 and stored(study, base).constraints["memory"] == \
+        pytest.approx(base.peak_memory_bytes - snap.facts.memory_limit_bytes)
+    assert len(stored(study, base).intermediate_values) >= 3  # each window's throughput
     profile = load_profile(workdir / "studies" / study.study_name / "profile.yaml")
-    best = max((t for t in trials if t.user_attrs["status"] == "ok"), key=lambda t: t.value)
-    assert profile.samples_per_sec == pytest.approx(best.value, rel=1e-3)
-    assert profile.speedup == pytest.approx(best.value / base.value, rel=1e-2)
-    assert profile.baseline["samples_per_sec"] == pytest.approx(base.value, rel=1e-3)
+    best = max((t for t in trials if t.status == "ok"), key=lambda t: stored(study, t).value)
+    best_value, base_value = stored(study, best).value, stored(study, base).value
+    assert best.samples_per_sec == best_value and base.samples_per_sec == base_value
+    assert profile.samples_per_sec == pytest.approx(best_value, rel=1e-3)
+    assert profile.speedup == pytest.approx(best_value / base_value, rel=1e-2)
+    assert profile.baseline["samples_per_sec"] == pytest.approx(base_value, rel=1e-3)
     assert profile.provenance["trials"] == 5 and profile.provenance["study"] == study.study_name
-    assert study.user_attrs["space"]["fixed"]["pin_memory"]["reason"]
+    assert snap.facts.space["fixed"]["pin_memory"]["reason"]
     assert (workdir / "studies" / study.study_name / "trials" / "0000" / "result.json").exists()
 
 
@@ -75,7 +84,7 @@ def test_same_command_again_resumes_and_adds_no_trial(workdir: Path) -> None:
     assert not (workdir / "studies").exists()  # --out moved the outputs; the storage is explicit
     again = autotune(*args, cwd=workdir)
     assert again.returncode == 0 and "resuming     2 trial(s) already measured" in again.stdout
-    assert len(recorded(load(DB))) == 2
+    assert len(read_trials(load(DB))) == 2
 
 
 def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir: Path) -> None:
@@ -88,12 +97,13 @@ def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir
                       "mib_per_sample=128", "--space", "space.yaml", "--trials", "2",
                       "--memory-limit", "700MiB", "--storage", DB, *FAST, cwd=workdir)
     assert result.returncode == 0, result.stderr
-    oom, fits = recorded(load(DB))
-    assert oom.params["micro_batch_size"] == 4 and oom.user_attrs["baseline"]
-    assert oom.user_attrs["status"] == "oom" and oom.constraints["memory"] > 0
-    assert oom.user_attrs["measurement"]["peak_memory_bytes"] > 700 * 2**20
+    study = load(DB)
+    oom, fits = read_trials(study)
+    assert oom.params["micro_batch_size"] == 4 and oom.is_baseline
+    assert oom.status == "oom" and stored(study, oom).constraints["memory"] > 0
+    assert oom.peak_memory_bytes > 700 * 2**20
     assert fits.params["micro_batch_size"] == 1  # the study went on after the OOM
-    assert fits.user_attrs["status"] == "ok" and fits.constraints["memory"] <= 0
+    assert fits.status == "ok" and stored(study, fits).constraints["memory"] <= 0
     assert "passed the memory limit" in result.stdout
     assert "no speedup is claimed" in (workdir / "studies").joinpath(
         load(DB).study_name, "profile.yaml").read_text()
@@ -125,7 +135,7 @@ def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     assert "no configuration has been measured successfully" in result.stdout
     assert elapsed < 8 + 10  # process start-up and the final export on top of the budget
     study = load(DB)
-    assert recorded(study) == []  # cut by the budget: not a result about the config
+    assert read_trials(study) == []  # cut by the budget: not a result about the config
     cut = [t for t in study.trials if t.state == TrialState.FAIL]
     assert len(cut) == 1 and cut[0].user_attrs["reason"] == "stopped by the run's --timeout"
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
@@ -134,8 +144,8 @@ def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     again = autotune("run", "--model", "autotune.testing.workloads:slow", "--timeout", "8s",
                      "--param", "step_s=3", "--trial-seconds", "60", "--storage", DB, cwd=workdir)
     assert again.returncode == 1
-    (timed_out,) = recorded(load(DB))
-    assert timed_out.state == TrialState.PRUNED and timed_out.user_attrs["status"] == "timeout"
+    (timed_out,) = read_trials(load(DB))
+    assert timed_out.state == TrialState.PRUNED and timed_out.status == "timeout"
 
 
 def test_long_steps_get_their_budget_and_a_known_too_slow_config_never_starts(
@@ -151,20 +161,20 @@ def test_long_steps_get_their_budget_and_a_known_too_slow_config_never_starts(
                       "--trial-timeout", "20s", "--confirm-top", "0", "--storage", DB,
                       cwd=workdir)
     assert result.returncode == 0, result.stderr
-    trials = recorded(load(DB))
-    by_micro = {t.params["micro_batch_size"]: t for t in trials
-                if t.user_attrs.get("reused_from") is None}
+    trials = read_trials(load(DB))
+    by_micro = {t.params["micro_batch_size"]: t for t in trials if t.reused_from is None}
     base, sixteen = by_micro[4], by_micro[16]
-    assert base.user_attrs["status"] == "ok" and "budget" not in base.user_attrs
-    assert sixteen.user_attrs["status"] == "ok"
-    assert sixteen.user_attrs["budget"]["max_seconds"] > 2.0
-    assert len(sixteen.user_attrs["measurement"]["windows"]) == 3  # what its budget is for
-    assert sixteen.user_attrs["budget"]["max_windows"] == 3
-    forecast = sixteen.user_attrs["forecast"]["step"]
-    assert forecast["fitted"] is False and forecast["step_s"] == pytest.approx(1.0, rel=0.3)
+    assert base.status == "ok" and base.budget == {}
+    assert sixteen.status == "ok"
+    assert sixteen.budget["max_seconds"] > 2.0
+    assert len(sixteen.measurement.windows) == 3  # what its budget is for
+    assert sixteen.budget["max_windows"] == 3
+    forecast = sixteen.forecast.step
+    assert forecast is not None
+    assert forecast.fitted is False and forecast.step_s == pytest.approx(1.0, rel=0.3)
     slow = by_micro[64]
-    assert slow.user_attrs["predicted"] and slow.user_attrs["predicted_kind"] == "too_slow"
-    assert slow.user_attrs["reason"].startswith("predicted-too-slow: ~")
+    assert slow.predicted and slow.predicted_kind == "too_slow"
+    assert (slow.reason or "").startswith("predicted-too-slow: ~")
     assert slow.state == TrialState.PRUNED
     assert not (workdir / "studies").exists() or not any(
         (workdir / "studies").glob(f"*/trials/{slow.number:04d}"))  # nothing ran
@@ -215,7 +225,7 @@ def _measuring_after(n: int, tuner: subprocess.Popen[str]):
                     benches.append(child)
             except psutil.Error:  # a trial that just ended
                 continue
-        return len(recorded(study)) >= n and bool(running) and bool(benches)
+        return len(read_trials(study)) >= n and bool(running) and bool(benches)
 
     return check
 
@@ -224,7 +234,8 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     args = ("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST)
     tuner = _start(workdir, *args)
     _wait_for(_measuring_after(2, tuner))
-    before = {t.number: t.value for t in recorded(load(DB))}
+    study = load(DB)
+    before = {r.number: stored(study, r).value for r in read_trials(study)}
     trial_procs = psutil.Process(tuner.pid).children(recursive=True)
     assert trial_procs  # the kill lands while a trial process is measuring
     tuner.send_signal(signal.SIGKILL)
@@ -235,9 +246,9 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     result = autotune(*args, cwd=workdir)
     assert result.returncode == 0, result.stderr
     study = load(DB)
-    trials = recorded(study)
+    trials = read_trials(study)
     assert len(trials) == 5
-    after = {t.number: t.value for t in trials}
+    after = {r.number: stored(study, r).value for r in trials}
     assert all(after[n] == v for n, v in before.items())  # earlier trials intact
     killed = [t for t in study.trials if t.user_attrs.get("interrupted")]
     assert len(killed) == 1 and killed[0].state == TrialState.FAIL
@@ -258,7 +269,7 @@ def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
     assert "interrupted; study" in err and "run the same command to resume" in err
     study = load(DB)
     assert not any(t.state == TrialState.RUNNING for t in study.trials)
-    assert len(recorded(study)) >= 2
+    assert len(read_trials(study)) >= 2
     assert (workdir / "studies" / study.study_name / "profile.yaml").exists()
 
 
