@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -265,9 +266,22 @@ def launch_command(
                          "--") from None
 
 
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  line: str | None = None) -> str:
+    """autotune's own warnings as one line a user reads (not a source location); others as
+    Python shows them."""
+    if category.__module__.startswith("autotune."):
+        return f"autotune: warning: {message}\n"
+    return _python_warning_line(message, category, filename, lineno, line)
+
+
+_python_warning_line = warnings.formatwarning
+
+
 def main() -> None:
     """Console-script entry point. A usage error from the argument parser (an unknown flag, a
     value of the wrong type) is one line and exit 2, like every other error here."""
+    warnings.formatwarning = _warning_line
     try:
         code = app(prog_name="autotune", standalone_mode=False)
     except Exception as exc:

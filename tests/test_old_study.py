@@ -10,8 +10,10 @@ directly only to compare the old trials before and after the resume.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -114,3 +116,35 @@ def test_an_old_study_resumes_and_exports_a_profile(old_study: Path) -> None:
     assert profile.workload["name"] == "mlp"
     assert profile.provenance["study"] == STUDY
     assert profile.provenance["trials"] == MEASURED + 1
+
+
+def tamper(db: Path, trial_config: dict[int, object], confirmation: object) -> None:
+    """Rewrite stored attributes as another member of a shared study could (Optuna will not
+    update a finished trial: SQL does)."""
+    with sqlite3.connect(db) as c:
+        for number, value in trial_config.items():
+            c.execute("update trial_user_attributes set value_json = ? where key = 'config' and "
+                      "trial_id = (select trial_id from trials where number = ?)",
+                      (json.dumps(value), number))
+        c.execute("update study_user_attributes set value_json = ? where key = 'confirmation'",
+                  (json.dumps(confirmation),))
+
+
+def test_malformed_records_of_a_shared_study_are_left_out_and_said_once(old_study: Path) -> None:
+    bad = {2: "rm -rf /", 5: {"micro_batch_size": "8; rm"}}
+    tamper(old_study, bad, confirmation="not a confirmation")
+    result = run_cli("studies", "--storage", url(old_study), cwd=old_study.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = [line for line in result.stdout.splitlines() if STUDY in line]
+    assert re.findall(r"[\w.,:%-]+", row[0])[1] == str(MEASURED - len(bad))
+    said = [line for line in result.stderr.splitlines() if "not a record autotune wrote" in line]
+    assert sorted(re.findall(r"trial (\d+)", " ".join(said))) == ["2", "5"]
+    assert len([s for s in said if "confirmation" in s]) == 1
+    assert all(s.startswith("autotune: warning: ") for s in said), said
+    assert "search only" in row[0]  # the confirmation was left out, so nothing is confirmed
+
+    html = old_study.parent / "dashboard.html"
+    drawn = run_cli("dashboard", "--storage", url(old_study), "--study", STUDY,
+                    "--out", str(html), cwd=old_study.parent)
+    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+    assert html.is_file()

@@ -4,6 +4,7 @@ workers need of trials not finished yet."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -184,13 +185,38 @@ class TrialRecord:
                            predicted=self.predicted, number=self.number)
 
 
+# What a malformed stored value raises when it is parsed (a shared study is data from others).
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
+
+
+class StudyFormatWarning(UserWarning):
+    """A stored record that autotune did not write: it is left out, said once per record."""
+
+
+def left_out(what: str, exc: Exception) -> None:
+    """Say (once per record and process) that a stored record could not be read, and that it
+    is left out; what it held is shown escaped and cut short, never run or followed."""
+    detail = ascii(str(exc))[1:-1][:120]
+    warnings.warn(f"{what} is not a record autotune wrote ({type(exc).__name__}: {detail}); "
+                  "it is left out", StudyFormatWarning, stacklevel=2)
+
+
 def read_trial(t: FrozenTrial) -> TrialRecord | None:
     """The record of a finished trial; None for one that has none (waiting, running,
-    interrupted, or ended before its config was written)."""
+    interrupted, or ended before its config was written) and for one whose stored record
+    is malformed (said once: a study shared through a database is others' data)."""
     a = t.user_attrs
     if not t.state.is_finished() or "status" not in a or a.get("interrupted") \
             or "config" not in a:
         return None
+    try:
+        return _parse(t, a)
+    except MALFORMED as exc:
+        left_out(f"trial {t.number}", exc)
+        return None
+
+
+def _parse(t: FrozenTrial, a: Mapping[str, Any]) -> TrialRecord:
     measured = dict(a.get("measurement") or {})
     measured.setdefault("status", a["status"])
     budget = dict(a.get("budget") or {})
@@ -226,12 +252,24 @@ class Pending:
     waiting_staged: bool = False  # a waiting trial was queued by the staged search
 
 
+def config_of(t: FrozenTrial) -> Config | None:
+    """The config a trial stores, None where it has none or a malformed one (said once)."""
+    stored = t.user_attrs.get("config")
+    if not stored:
+        return None
+    try:
+        return Config.from_dict(stored)
+    except MALFORMED as exc:
+        left_out(f"the config of trial {t.number}", exc)
+        return None
+
+
 def read_pending(study: optuna.Study) -> Pending:
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    configs = (config_of(t) for t in running)
     return Pending(
-        running=tuple(Config.from_dict(t.user_attrs["config"]) for t in running
-                      if t.user_attrs.get("config")),
+        running=tuple(c for c in configs if c is not None),
         running_count=len(running), waiting=len(waiting),
         waiting_staged=any(t.user_attrs.get("stage") or t.user_attrs.get("baseline")
                            for t in waiting))

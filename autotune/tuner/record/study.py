@@ -11,6 +11,7 @@ import optuna
 
 from autotune.profile.documents import ProbeDoc
 from autotune.tuner.confirmation import Confirmation
+from autotune.tuner.record.read import MALFORMED, left_out
 
 # The study attributes through which a trial across machines is published (tuner.fleet).
 NODE_TRIAL, NODE_REPORT = "node_trial", "node_report"
@@ -44,17 +45,39 @@ class StudyFacts:
 
 
 def read_facts(study: optuna.Study) -> StudyFacts:
+    """What the study records of itself; a malformed attribute (a study shared through a
+    database is others' data) is left out and said once, never the end of the run."""
     a = study.user_attrs
-    conf = a.get("confirmation")
     return StudyFacts(
-        name=study.study_name, fingerprint=dict(a.get("fingerprint") or {}),
-        workload=dict(a.get("workload") or {}), space=dict(a.get("space") or {}),
+        name=study.study_name, fingerprint=_mapping(a, "fingerprint"),
+        workload=_mapping(a, "workload"), space=_mapping(a, "space"),
         memory_limit_bytes=a.get("memory_limit_bytes"),
         memory_limit_spec=a.get("memory_limit_spec"),
         probe=cast(ProbeDoc, dict(a["probe"])) if isinstance(a.get("probe"), dict) else None,
-        flops=dict(a.get("flops") or {}), unapplied=a.get("unapplied"),
-        confirmation=Confirmation.from_dict(conf) if conf else None,
-        diagnosis=tuple(a.get("diagnosis") or ()))
+        flops=_mapping(a, "flops"), unapplied=a.get("unapplied"),
+        confirmation=_confirmation(a.get("confirmation")),
+        diagnosis=tuple(d for d in a.get("diagnosis") or () if isinstance(d, Mapping))
+        if isinstance(a.get("diagnosis"), list) else ())
+
+
+def _mapping(attrs: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = attrs.get(key) or {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    left_out(f"the study's {key!r}", TypeError(f"a {type(value).__name__}, not a mapping"))
+    return {}
+
+
+def _confirmation(stored: object) -> Confirmation | None:
+    if not stored:
+        return None
+    try:
+        if not isinstance(stored, Mapping):
+            raise TypeError(f"a {type(stored).__name__}, not a mapping")
+        return Confirmation.from_dict(stored)
+    except MALFORMED as exc:
+        left_out("the study's confirmation", exc)
+        return None
 
 
 def node_trial(study: optuna.Study) -> dict[str, Any]:
