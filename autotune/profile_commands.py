@@ -40,12 +40,44 @@ def read_profile(path: Path) -> Profile:
 
 @profile_app.command("show")
 @guarded
-def profile_show(path: ProfileArg, debug: Debug = False) -> None:
+def profile_show(path: ProfileArg, debug: Debug = False, hf_args: Annotated[bool, typer.Option(
+        "--hf-args", help="Print the profile as Hugging Face TrainingArguments command-line "
+        "flags, to paste after a Trainer script's own")] = False) -> None:
     """What a profile tuned, what it measured, and where."""
     from autotune.paths import shown
 
-    lines = [f"profile    {path}", *read_profile(path).summary().splitlines()]
+    profile = read_profile(path)
+    if hf_args:
+        typer.echo(hf_flags(profile))
+        return
+    lines = [f"profile    {path}", *profile.summary().splitlines()]
     typer.echo("\n".join(shown(line) for line in lines))
+
+
+def hf_flags(profile: Profile) -> str:
+    """The profile's TrainingArguments as command-line flags (for HfArgumentParser), only the
+    fields autotune tunes, quoted for a shell; a knob no flag reaches is named on a comment
+    line. `autotune launch` applies all of them without flags."""
+    import json
+    import shlex
+
+    from autotune.integrations.hf import training_args
+
+    flags = []
+    for name, value in training_args(profile).items():
+        text = json.dumps(value) if isinstance(value, dict) else str(value)
+        flags.append(f"--{name} {shlex.quote(text)}")
+    lines = [" ".join(flags)]
+    if profile.config.optimizer_impl in ("foreach", "for-loop"):
+        lines.append(f"# optimizer_impl={profile.config.optimizer_impl}: no TrainingArguments "
+                     "flag sets it; `autotune launch` does")
+    if profile.config.attention != "default":
+        lines.append(f"# attention={profile.config.attention}: pass attn_implementation= where "
+                     "the script builds its model; `autotune launch` sets it on the Trainer's")
+    if profile.config.cpu_threads:
+        lines.append(f"# cpu_threads={profile.config.cpu_threads}: OMP_NUM_THREADS="
+                     f"{profile.config.cpu_threads} in the environment, or `autotune launch`")
+    return "\n".join(lines)
 
 
 @profile_app.command("env")

@@ -233,6 +233,16 @@ def in_trial() -> bool:
     return _state is not False and bool(os.environ.get(TRIAL_DIR_ENV))
 
 
+def readback(doc: dict[str, Any]) -> None:
+    """Record what a framework's Trainer runs with, read back once it is built (autotune's
+    bootstrap calls this): the knobs in effect and those that did not take, with reasons."""
+    if _state is False:
+        return
+    trial = _trial()
+    if trial is not None and os.getpid() == trial.pid:
+        trial._write({"k": doc, "t": time.time()})
+
+
 def accessed(name: str) -> None:
     """Record that the script called ``Profile.<name>`` (the profile's methods call this)."""
     if _state is False:

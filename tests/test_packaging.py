@@ -50,8 +50,14 @@ def test_wheel_ships_search_spaces_and_objectives(tmp_path: Path) -> None:
                    check=True, capture_output=True)
     (wheel,) = wheels.glob("autotune_train-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        names = archive.namelist()
+        # The wheel's own metadata sits at its top; the bootstrap's (Lightning's entry points
+        # for trials) inside the package, where no installer reads it.
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
         assert f"\nName: {DISTRIBUTION}\n" in archive.read(metadata).decode()
+        site = "autotune/bootstrap/site/"
+        assert {f"{site}sitecustomize.py",
+                f"{site}autotune_bootstrap-0.dist-info/entry_points.txt"} <= set(names)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
     code = ("import autotune, autotune.config.space as s, autotune.workloads as w;"

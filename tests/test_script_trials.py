@@ -221,8 +221,9 @@ def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
     d.poll()
     assert d.give_up
     reason = json.loads((tmp_path / "result.json").read_text())["reason"]
-    assert reason.startswith("no progress from rank(s) 1 of train.py in 0 s: call "
-                             "autotune.step()")
+    assert reason.startswith("no progress from rank(s) 1 of train.py in 0 s: a Hugging Face "
+                             "or Lightning Trainer is reported by autotune itself")
+    assert "a plain PyTorch loop calls autotune.step() once per optimizer step" in reason
 
 
 # -- real scripts, one trial each -----------------------------------------------------------------
@@ -287,7 +288,7 @@ def test_a_measured_script_still_stopping_at_the_trial_timeout_keeps_its_result(
 
 
 @pytest.mark.parametrize("behave,status,reason", [
-    ("silent", "error", "no progress from loop.py in 4 s: call autotune.step()"),
+    ("silent", "error", "no progress from loop.py in 4 s: a Hugging Face or Lightning Trainer"),
     ("short", "error", "loop.py finished after 3 step(s), before a window could be measured; "
                        "give it more data or steps"),
     ("hang", "timeout", "step 4 of loop.py had not ended "),

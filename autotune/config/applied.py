@@ -5,7 +5,8 @@ knobs applied through the environment (NCCL reads them when the process group st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotune.config.knobs import Config
@@ -54,14 +55,26 @@ APPLIED_BY: dict[str, tuple[str, ...]] = {
 _PROPERTIES = ("micro_batch_size", "accumulation_steps", "attn_implementation")
 
 
-def unapplied(searched: list[str], accessed: set[str], script: str) -> dict[str, str]:
-    """The searched knobs a script never applies (it called none of their ``APPLIED_BY``
-    methods, read none of those properties), each with the reason printed and stored on the
-    study."""
+def unapplied(searched: list[str], accessed: set[str], script: str,
+              read_back: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The searched knobs a script never applies, each with the reason printed and stored on
+    the study. A knob applies when the script calls one of its ``APPLIED_BY`` methods (or reads
+    one of those properties), or when autotune's bootstrap read it back in effect in the
+    script's Trainer (``read_back``: its ``applied`` knobs, and its ``fixed`` ones with why
+    not)."""
     found: dict[str, str] = {}
+    took = set(read_back.get("applied", ())) if read_back else set()
+    refused = dict(read_back.get("fixed", {})) if read_back else {}
     for name in searched:
         methods = APPLIED_BY.get(name)
-        if methods is None or accessed & set(methods):
+        if methods is None or accessed & set(methods) or name in took:
+            continue
+        if name in refused:
+            found[name] = refused[name]
+            continue
+        if read_back:
+            found[name] = (f"{script}: autotune could not read {name} back from its "
+                           f"{read_back.get('via', 'Trainer')}: it is not searched")
             continue
         if not accessed:  # not one profile method: the script never loaded its profile
             found[name] = (f"{script} never loads a profile (autotune.load_profile()): {name} "

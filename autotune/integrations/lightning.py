@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from autotune import steps
+from autotune.bootstrap import lightning_precision
 
 if TYPE_CHECKING:
     from autotune.profile import Profile
@@ -61,8 +62,7 @@ def trainer_kwargs(profile: Profile) -> TrainerKwargs:
     ``Profile.lightning_trainer_kwargs``."""
     c = profile.config
     kwargs: TrainerKwargs = {
-        "precision": "bf16-mixed" if c.amp == "bf16" else "16-mixed" if c.amp == "fp16"
-        else "32-true",
+        "precision": lightning_precision(c.amp),  # type: ignore[typeddict-item]
         "accumulate_grad_batches": c.grad_accum_steps}
     if c.world_size > 1:
         if package() == "lightning.pytorch":
@@ -91,12 +91,14 @@ def batch_size(batch: Any) -> int | None:
     return None
 
 
-class AutotuneCallback(Callback):
+class Reporting:
     """Reports every optimizer step (``autotune.step``) with this rank's samples (summed over
     the step's micro-batches) and the time it waited for them, and sets ``trainer.should_stop``
-    once ``autotune.should_stop()``."""
+    once ``autotune.should_stop()``: ``AutotuneCallback``'s hooks, for the ``Callback`` class of
+    either Lightning package (``callback_class``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.active = False
         self.global_step = 0
         self.samples: int | None = 0  # None: a micro-batch of this step had no countable size
@@ -142,3 +144,24 @@ class AutotuneCallback(Callback):
         # Validation inside fit runs between two training batches: not a wait for data.
         if self.active and self.ready is not None:
             self.ready = time.perf_counter()
+
+
+class AutotuneCallback(Reporting, Callback):
+    """Reports every optimizer step (``autotune.step``) with this rank's samples (summed over
+    the step's micro-batches) and the time it waited for them, and sets ``trainer.should_stop``
+    once ``autotune.should_stop()``."""
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def callback_class(lightning: str) -> type:
+    """``AutotuneCallback`` for the Trainer of ``lightning`` (``lightning.pytorch`` or
+    ``pytorch_lightning``): a Trainer takes only its own package's callbacks."""
+    base = importlib.import_module(lightning).Callback
+    if issubclass(AutotuneCallback, base):
+        return AutotuneCallback
+    if lightning not in _CLASSES:
+        _CLASSES[lightning] = type("AutotuneCallback", (Reporting, base),
+                                   {"__doc__": AutotuneCallback.__doc__})
+    return _CLASSES[lightning]

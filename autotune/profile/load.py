@@ -52,6 +52,13 @@ def load_profile(path: str | Path | None = None, check_fingerprint: bool = True)
     return profile
 
 
+def read_quietly(path: str | Path) -> Profile:
+    """A profile read and checked as ``load_profile`` does, without recording a load in a
+    trial or warning about its fingerprint: what autotune's bootstrap reads the candidate
+    config with (the script did not load it; nothing is to be said about this machine)."""
+    return from_dict(_read(Path(path)), str(path))
+
+
 def _read(path: Path) -> Any:
     """The file's YAML as plain data, refused when it is not text, not YAML, holds a Python
     tag, or is bigger than any profile (in bytes, or in values once its aliases expand)."""

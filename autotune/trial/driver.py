@@ -180,8 +180,8 @@ class StepDriver:
             return
         steps = min(len(r.ends) for r in self.ranks)
         if max(len(r.ends) for r in self.ranks) == 0:
-            self._finish("error", f"{self.name} exited without reporting a step: call "
-                         "autotune.step() once per optimizer step, or add autotune's callback")
+            self._finish("error", f"{self.name} exited without reporting a step: "
+                         f"{self._how_to_report()}")
             return
         self._finish("error", f"{self.name} finished after {steps} step(s), before a window "
                      "could be measured; give it more data or steps (autotune stops it once it "
@@ -249,8 +249,16 @@ class StepDriver:
         who = self.name if len(silent) == self.world else \
             f"rank(s) {', '.join(map(str, silent))} of {self.name}"
         self._finish("error", f"no progress from {who} in {self.no_progress_s:.0f} s: "
-                     "call autotune.step() once per optimizer step on every rank, or add "
-                     "autotune's callback", give_up=True)
+                     f"{self._how_to_report()}", give_up=True)
+
+    def _how_to_report(self) -> str:
+        """The one of the three ways to report steps that fits what the script did."""
+        if any(r.readback is not None for r in self.ranks):
+            return ("its Trainer was reached (autotune reports its steps itself) but ran no "
+                    "optimizer step: does training start, with data?")
+        return ("a Hugging Face or Lightning Trainer is reported by autotune itself once its "
+                "Trainer trains (none did); a plain PyTorch loop calls autotune.step() once per "
+                "optimizer step on every rank (and leaves when autotune.should_stop())")
 
     def _check_too_slow(self) -> None:
         """Warm-up and one window cannot fit the measuring budget (``protocol.too_slow``,
@@ -316,6 +324,9 @@ class StepDriver:
                        "accessed": sorted({a for r in ranks for a in r.accessed}),
                        "default_samples": any(r.default_samples for r in ranks),
                        "samples_mismatch": samples_mismatch}}
+        readback = next((r.readback for r in ranks if r.readback is not None), None)
+        if readback is not None:
+            doc["script"]["readback"] = readback
         if warm.step_times:
             doc["warmup"] = warm.record(doc["timings"].get("warmup_s", 0.0))
         if self.windows:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune import bootstrap
+from autotune.bootstrap import TRIAL
 from autotune.paths import import_root
 from autotune.trial.command import clear
 from autotune.trial.driver import StepDriver
@@ -113,6 +116,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     if on_event is not None:
         forward(p.progress_path, watch.seen, on_event)
     folder = Path(p.spec_path).parent
+    if p.script is not None:  # what the script's Trainer saved: not the user's, not needed
+        shutil.rmtree(folder / bootstrap.TRAINER_OUTPUT, ignore_errors=True)
     if not folder.is_dir():
         data += (f"\nautotune: the trial's folder {folder} was removed while it ran\n").encode()
     if survivors:
@@ -174,8 +179,11 @@ def _prepare(p: TrialPlan) -> dict[str, str]:
            # A rank on another node (a cluster launcher passes the environment on) must not
            # look for this pid there.
            "AUTOTUNE_TUNER_HOST": socket.gethostname()}
-    # The trial imports autotune from wherever the tuner did (source checkout or installed).
+    # The trial imports autotune from wherever the tuner did (source checkout or installed);
+    # a script's trial gets the bootstrap first (``autotune.bootstrap``).
     env["PYTHONPATH"] = _with_package(env.get("PYTHONPATH"))
+    if p.script is not None:
+        env.update(bootstrap.environment(TRIAL, env))
     return env
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from autotune.bootstrap import MODE_ENV, TRIAL, trainer_env
+from autotune.bootstrap.memory import LIMIT_ENV
 from autotune.config.knobs import env_for
 from autotune.trial.command import Command, command_env
 from autotune.trial.processes import TRIAL_TOKEN, new_token
@@ -150,7 +152,12 @@ def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s:
     workdir = Path(os.path.abspath(workdir))
     env = {**env_for(config), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            **command_env(workdir, workdir / "profile.yaml", config.samples_per_rank_step),
+           # The bootstrap reaches a Trainer script nobody edited (``autotune.bootstrap``);
+           # ``execute`` puts its folder first on PYTHONPATH.
+           MODE_ENV: TRIAL, **trainer_env(config.amp, config.grad_accum_steps),
            **dict(extra_env or {})}
+    if spec.device != "cpu" and spec.memory_limit_bytes:
+        env[LIMIT_ENV] = str(spec.memory_limit_bytes)
     files = _files(workdir)
     env[TRIAL_TOKEN] = new_token(files["result"])
     return TrialPlan(argv=command.argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.config.knobs import KNOBS
+from autotune.trial.result import ReadbackDoc
+
 # The shortest optimizer step a report may claim: reporting one step (``autotune.step()``)
 # costs ~3 us (benchmarks/step_cost.py), so end times closer than this were not measured.
 MIN_STEP_S = 20e-6
@@ -24,6 +27,52 @@ MIN_STEP_S = 20e-6
 FUTURE_SLACK_S = 2.0
 # The profile method names a script's access lines may carry (``Profile`` methods).
 _ACCESS_NAME = re.compile(r"[a-z_]{1,40}")
+
+
+# What a read-back line may hold (``autotune.bootstrap``): knob and field names, short
+# printable text, plain values; anything else is not the bootstrap's.
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,59}")
+_MAX_TEXT, _MAX_ITEMS = 400, 64
+
+
+def check_readback(doc: Any, rank: int) -> ReadbackDoc:
+    """A read-back line's document, checked as untrusted input; raises ``BadReport``."""
+    def bad(what: str) -> BadReport:
+        return BadReport(f"rank {rank} reported what its Trainer runs with, but {what}")
+
+    def text(value: Any, where: str) -> str:
+        if not isinstance(value, str) or len(value) > _MAX_TEXT or not value.isprintable():
+            raise bad(f"{where} is not a short line of text")
+        return value
+
+    def names(value: Any, where: str, known: bool) -> list[str]:
+        if not isinstance(value, list | dict) or len(value) > _MAX_ITEMS:
+            raise bad(f"{where} is not a list of names")
+        for name in value:
+            if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name) or (
+                    known and name not in KNOBS):
+                raise bad(f"{where} names {str(name)[:60]!r}, not a knob")
+        return list(value)
+
+    def plain(value: Any, where: str) -> dict[str, bool | int | float | str | None]:
+        names(value, where, known=True)
+        for v in value.values():
+            if not (v is None or isinstance(v, bool | int | str)
+                    or (isinstance(v, float) and math.isfinite(v))) \
+                    or (isinstance(v, str) and (len(v) > 100 or not v.isprintable())):
+                raise bad(f"{where} holds {str(v)[:60]!r}, not a plain value")
+        return dict(value)
+
+    if not isinstance(doc, dict):
+        raise bad("it is not a document")
+    fixed = doc.get("fixed", {})
+    names(fixed, "fixed", known=True)
+    return {"via": text(doc.get("via"), "via"),
+            "applied": names(doc.get("applied", []), "applied", known=True),
+            "fixed": {k: text(v, f"the reason for {k}") for k, v in fixed.items()},
+            "seen": plain(doc.get("seen", {}), "seen"),
+            "script": plain(doc.get("script", {}), "script"),
+            "isolated": names(doc.get("isolated", []), "isolated", known=False)}
 
 
 class BadReport(Exception):
@@ -81,6 +130,7 @@ class RankReports:
     waits: list[float | None] = field(default_factory=list)
     peak: int = 0
     accessed: list[str] = field(default_factory=list)
+    readback: ReadbackDoc | None = None  # what its Trainer runs with (autotune's bootstrap)
     default_samples: bool = False
     bad: str | None = None  # the first report that cannot be trusted; nothing after it is read
     diverged: str | None = None  # the step whose loss the script reported as not finite
@@ -135,6 +185,10 @@ class RankReports:
                 raise BadReport(f"rank {self.index} reported a diverged loss at step {at!r}")
             if self.diverged is None:
                 self.diverged = f"step {max(at, 1)} of rank {self.index}"
+        elif "k" in e:  # the bootstrap's read-back: the first one counts
+            found = check_readback(e["k"], self.index)
+            if self.readback is None:
+                self.readback = found
         elif "a" in e:
             name = e["a"]
             if not isinstance(name, str) or not _ACCESS_NAME.fullmatch(name):

@@ -95,16 +95,32 @@ class DdpInfo(TypedDict, total=False):
     bucket_cap_bytes: int
 
 
+class ReadbackDoc(TypedDict):
+    """What a framework's Trainer ran with, read back by autotune's bootstrap (checked as
+    untrusted input by ``trial.reports``): the Trainer, the knobs in effect as the config
+    asked, those not (with the reason), the values read, what the script asked for itself, and
+    the arguments a trial turned off so that it leaves the user's outputs alone."""
+
+    via: str
+    applied: list[str]
+    fixed: dict[str, str]
+    seen: dict[str, bool | int | float | str | None]
+    script: dict[str, bool | int | float | str | None]
+    isolated: list[str]
+
+
 class ScriptInfo(TypedDict, total=False):
     """A trial of the user's script: its name, the steps each rank reported, the Profile
-    methods it called, whether it left the sample count to the config, and whether it trained
-    another batch than the config's."""
+    methods it called, whether it left the sample count to the config, whether it trained
+    another batch than the config's, and what its Trainer ran with (the bootstrap's
+    read-back, from the first rank that sent one)."""
 
     name: str
     steps: list[int]
     accessed: list[str]
     default_samples: bool
     samples_mismatch: bool
+    readback: ReadbackDoc
 
 
 class RankSummary(TypedDict, total=False):

@@ -85,6 +85,12 @@ def overridden(ranks: Sequence[RankReports], expected: int, name: str, a: int,
     if got == expected:
         return None
     shown = f"{got:g}"
+    readback = next((r.readback for r in ranks if r.readback is not None), None)
+    if readback is not None and "micro_batch_size" in readback["fixed"]:
+        return (f"{name} trained {shown} samples per optimizer step on each rank, but the "
+                f"config asks {expected}, and autotune cannot set the batch of its "
+                f"{readback['via']} ({readback['fixed']['micro_batch_size']}): pass --param "
+                f"batch={shown} (its own batch) to tune the rest")
     return (f"{name} trained {shown} samples per optimizer step on each rank, but the config "
             f"asks {expected}: it does not train with the profile's batch (dataloader_kwargs(), "
             f"hf_training_args()), so this is not that config's speed; if {shown} is the "

@@ -96,6 +96,7 @@ class Runner(TrialSteps):
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
         self.no_room: str | None = None  # the next config does not fit what is left of --timeout
         self.halted: str | None = None  # why no later trial can measure anything (a script's)
+        self.trainer_said = False  # the note on the bootstrap's reach into a Trainer, once
         self.storage = storage.open_storage(self.storage_url)
         ident = Identity(self.study_name, self.workload_name, self.workload_spec, self.space,
                          hw, self.baseline, self.world, opts.global_batch)

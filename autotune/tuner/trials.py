@@ -22,6 +22,7 @@ from autotune.machine.hardware import Hardware
 from autotune.profile import Profile
 from autotune.trial.command import Command
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
+from autotune.trial.result import ReadbackDoc
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import budget, claims, confirm, record, snapshot, storage, verdict
 from autotune.tuner.measure import Measurer
@@ -54,6 +55,7 @@ class TrialSteps:
     out_dir: Path
     no_room: str | None
     halted: str | None
+    trainer_said: bool
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -150,28 +152,52 @@ class TrialSteps:
 
     def _learn_applied(self, m: Measurement, is_baseline: bool) -> None:
         """After a script's first measured trial: fix the knobs it never applies (it called
-        none of their Profile methods), say why, and keep that on the study. A baseline that
-        trained another batch than its config's halts the run: so would every config."""
-        if self.command is not None and is_baseline and m.script.get("samples_mismatch"):
-            self.halted = ("the baseline trained another batch than its config (see its "
-                           "reason): no trial would measure the config it records")
-        if self.command is None or not m.ok \
-                or record.read_facts(self.study).unapplied is not None:
+        none of their Profile methods, and its Trainer, read back by the bootstrap, does not
+        run them), say why, and keep that on the study. A baseline that failed as every trial
+        would, or trained another batch than its config's, halts the run."""
+        if self.command is None:
+            return
+        read_back = m.script.get("readback")
+        if read_back is not None:
+            self._say_trainer(read_back, is_baseline)
+        if is_baseline and (why := _shared_failure(m, self.command.name)):
+            self.halted = why
+        if not m.ok or record.read_facts(self.study).unapplied is not None:
             return
         accessed = set(m.script.get("accessed") or ())
-        reasons = unapplied(list(self.space.searched), accessed, self.command.name)
+        reasons = unapplied(list(self.space.searched), accessed, self.command.name,
+                            dict(read_back) if read_back is not None else None)
         self.study.set_user_attr("unapplied", reasons)
         self.space = self.space.fix(reasons, self.baseline)
-        if reasons and not accessed:  # one line for all: the script never loaded a profile
+        if reasons and not accessed and read_back is None:  # one line: no profile loaded
             self.reporter.note(f"fixed: {self.command.name} never loads a profile "
                                f"(autotune.load_profile()): {', '.join(reasons)} are not searched")
-        for why in reasons.values() if accessed else ():
+        for why in reasons.values() if accessed or read_back is not None else ():
             self.reporter.note(f"fixed: {why}")
         if m.script.get("default_samples") and "micro_batch_size" in reasons:
             self.reporter.note(
                 f"{self.command.name} reports steps without a sample count and never reads the "
                 f"batch size from the profile: samples/s counts {self.baseline.micro_batch_size}"
                 " per rank and step; pass --param batch=N (its batch) or autotune.step(samples)")
+
+    def _say_trainer(self, read_back: ReadbackDoc, is_baseline: bool) -> None:
+        """Once per run: that the bootstrap reached the script's Trainer and what a trial
+        turns off in it; at the baseline, the batch the script asks for itself when the
+        baseline measures another."""
+        if not self.trainer_said:
+            self.trainer_said = True
+            off = ", ".join(read_back["isolated"])
+            kept = (f"; in trials its outputs go to the trial's folder, with {off} overridden "
+                    "(no checkpoints; nothing pushed, tracked or evaluated)") if off else ""
+            self.reporter.note(f"{self.command.name if self.command else 'the script'}: "
+                               f"autotune sets each trial's config on its {read_back['via']}"
+                               f"{kept}")
+        asked = read_back["script"].get("micro_batch_size")
+        if is_baseline and isinstance(asked, int) and asked != self.baseline.micro_batch_size:
+            self.reporter.note(
+                f"the script asks for micro-batch {asked} itself; the baseline measures "
+                f"{self.baseline.micro_batch_size}: pass --param batch={asked} to measure the "
+                "speedup against your own setting")
 
     def _trial_budget(self, config: Config, remaining: float | None,
                       snap: StudySnapshot) -> budget.TrialBudget:
@@ -256,3 +282,23 @@ class TrialSteps:
         return confirm.export(self.study, snap, storage.redact(self.storage_url),
                               self.opts.global_batch, self.out_dir / "profile.yaml")
 
+
+
+def _shared_failure(m: Measurement, script: str) -> str | None:
+    """Why a script's failed baseline stops the run: it reported no step, or exited with an
+    error before measuring (every trial runs the same script, and would fail the same way), or
+    trained another batch than its config's; None for a failure of the config itself (out of
+    memory, too slow, diverged)."""
+    if m.script.get("samples_mismatch"):
+        return ("the baseline trained another batch than its config (see its reason): no "
+                "trial would measure the config it records")
+    if m.ok or m.status != "error":
+        return None
+    return (f"the baseline trial of {script} failed ({_first_line(m.reason)}), and every trial "
+            "runs the same script: make it train as it is on its own, then run again (its "
+            "output is in the trial's folder)")
+
+
+def _first_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    return lines[0][:300] if lines else "no reason given"

@@ -1,0 +1,53 @@
+"""The bootstrap that reaches a training script nobody edited.
+
+In the processes of a trial of ``autotune run -- CMD`` (mode ``trial``) and of ``autotune launch
+PROFILE -- CMD`` (mode ``launch``), and only there, ``site/`` goes first on ``PYTHONPATH``: its
+``sitecustomize.py`` runs before the script, chains any ``sitecustomize`` it shadows, imports
+nothing heavy, and hooks the frameworks as the script imports them (``hooks``):
+
+- Hugging Face ``Trainer`` (``hf``): the config set on ``TrainingArguments`` before their own
+  validation, the steps reported, and in a trial the user's outputs left alone;
+- Lightning (``lightning``): precision and accumulation through the ``PL_TRAINER_*`` defaults
+  (``trainer_env``), the steps reported by a callback found through Lightning's own
+  ``callbacks_factory`` entry points (``site/*.dist-info/entry_points.txt``).
+
+Either way what is in effect is read back once the Trainer is built (``readback``), and a knob
+whose value did not take is reported with the reason. Outside those processes (no
+``AUTOTUNE_BOOTSTRAP`` in the environment), in loader and compile workers, nothing is hooked.
+This package's top level is standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+MODE_ENV = "AUTOTUNE_BOOTSTRAP"
+TRIAL, LAUNCH = "trial", "launch"
+MODES = (TRIAL, LAUNCH)
+SITE = Path(__file__).parent / "site"
+# Where a trial's Trainer writes what it would have written to the user's output directory
+# (inside the trial's folder); removed when the trial ends: a model per trial fills a disk.
+TRAINER_OUTPUT = "trainer-output"
+
+
+def environment(mode: str, env: Mapping[str, str]) -> dict[str, str]:
+    """What a process of ``mode`` gets on top of ``env``: the bootstrap's folder first on its
+    ``PYTHONPATH`` (ahead of whatever ``env`` has there, which it keeps) and the mode."""
+    if mode not in MODES:
+        raise ValueError(f"bootstrap mode must be one of {MODES}, got {mode!r}")
+    path = os.pathsep.join(x for x in (str(SITE), env.get("PYTHONPATH", "")) if x)
+    return {"PYTHONPATH": path, MODE_ENV: mode}
+
+
+def lightning_precision(amp: str) -> str:
+    """Lightning's ``precision`` for an ``amp`` value."""
+    return {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(amp, "32-true")
+
+
+def trainer_env(amp: str, accumulation: int) -> dict[str, str]:
+    """Lightning's ``Trainer`` defaults from the environment (``PL_TRAINER_<ARG>``): a value the
+    script passes to ``Trainer(...)`` wins, which the read-back then reports."""
+    return {"PL_TRAINER_PRECISION": lightning_precision(amp),
+            "PL_TRAINER_ACCUMULATE_GRAD_BATCHES": str(accumulation)}

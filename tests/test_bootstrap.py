@@ -1,0 +1,225 @@
+"""The bootstrap reaches training scripts nobody edited: a Hugging Face Trainer script and a
+Lightning script, each of the usual shape and knowing nothing of autotune (tests/data/scripts),
+tuned by `autotune run -- CMD` and run with their profile by `autotune launch`. Real
+frameworks, real processes, no network; checked from what the trials recorded (the Trainer's
+read-back), the user's folders and the scripts' own output."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.bootstrap import SITE
+from tests.conftest import FAST, ROOT, autotune
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "data" / "scripts"
+HF_SCRIPT, LIT_SCRIPT = SCRIPTS / "hf_mlm.py", SCRIPTS / "lit_unchanged.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2"]
+
+
+def corpus(folder: Path) -> Path:
+    """A local text file, one example per line."""
+    rng = random.Random(0)
+    words = "the a model trains on text and learns to fill masked words in each line".split()
+    path = folder / "corpus.txt"
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(8, 40)))
+                              for _ in range(1500)) + "\n")
+    return path
+
+
+def trials(folder: Path) -> list[optuna.trial.FrozenTrial]:
+    url = f"sqlite:///{folder}/studies/autotune.db"
+    (name,) = optuna.get_all_study_names(url)
+    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+
+
+def read_backs(folder: Path) -> list[tuple[dict[str, object], dict[str, object]]]:
+    """(config, the Trainer's read-back) of each trial that ran."""
+    found = []
+    for t in trials(folder):
+        readback = (t.user_attrs.get("measurement") or {}).get("script", {}).get("readback")
+        if readback is not None:
+            found.append((t.user_attrs["config"], readback))
+    return found
+
+
+def python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{SITE}{os.pathsep}{ROOT}", **env})
+
+
+# -- inert where it must be ------------------------------------------------------------------------
+
+HOOKED = textwrap.dedent("""
+    import sys
+    print(any(type(f).__name__ == "_PostImport" for f in sys.meta_path))
+""")
+
+
+def test_the_bootstrap_is_inert_outside_a_trial_and_in_processes_that_do_not_train(
+        tmp_path: Path) -> None:
+    trial = {"AUTOTUNE_BOOTSTRAP": "trial", "AUTOTUNE_TRIAL_DIR": str(tmp_path)}
+    assert python(HOOKED, tmp_path, {}).stdout.split() == ["False"]  # on the path, not asked
+    assert python(HOOKED, tmp_path, {"AUTOTUNE_BOOTSTRAP": "trial"}).stdout.split() == [
+        "False"]  # a trial's mode without its folder
+    # A process that trains is hooked; its multiprocessing workers (spawned, as DataLoader
+    # workers under spawn are) are not.
+    workers = textwrap.dedent("""
+        import multiprocessing as mp, sys
+        def hooked(_):
+            return any(type(f).__name__ == "_PostImport" for f in sys.meta_path)
+        if __name__ == "__main__":
+            with mp.get_context("spawn").Pool(1) as pool:
+                print(hooked(0), pool.map(hooked, [0])[0])
+    """)
+    script = tmp_path / "workers.py"
+    script.write_text(workers)
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{SITE}{os.pathsep}{ROOT}", **trial})
+    assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def test_the_sitecustomize_it_shadows_still_runs(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(
+        "import pathlib\npathlib.Path('ran-theirs').write_text('yes')\n")
+    out = subprocess.run([sys.executable, "-c", HOOKED], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env={
+                             **os.environ, "AUTOTUNE_BOOTSTRAP": "trial",
+                             "AUTOTUNE_TRIAL_DIR": str(tmp_path),
+                             "PYTHONPATH": os.pathsep.join([str(SITE), str(ROOT), str(theirs)])})
+    assert out.stdout.split() == ["True"], out.stderr
+    assert (tmp_path / "ran-theirs").read_text() == "yes"
+
+
+# -- Hugging Face ----------------------------------------------------------------------------------
+
+def hf_command(folder: Path, out: Path, *launcher: str) -> list[str]:
+    return [*(launcher or [sys.executable]), str(HF_SCRIPT), "--train_file",
+            str(corpus(folder)), "--output_dir", str(out), "--per_device_train_batch_size", "4",
+            "--logging_steps", "5"]
+
+
+def users_output(folder: Path) -> Path:
+    out = folder / "my-output"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    return out
+
+
+def test_an_unchanged_hf_trainer_script_is_tuned_and_runs_its_profile(tmp_path: Path) -> None:
+    out = users_output(tmp_path)
+    run = autotune("run", "--trials", "3", "--no-probe", *FAST, "--param", "batch=4", "--",
+                   *hf_command(tmp_path, out), cwd=tmp_path, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # no checkpoint, no model
+    assert "autotune sets each trial's config on its Trainer (transformers" in run.stdout
+    found = read_backs(tmp_path)
+    assert len(found) == 3
+    for config, readback in found:
+        # What the Trainer ran, read back from its DataLoader and arguments, is the config.
+        assert readback["seen"]["micro_batch_size"] == config["micro_batch_size"]
+        assert readback["seen"]["grad_accum_steps"] == config["grad_accum_steps"]
+        assert readback["seen"]["num_workers"] == config["num_workers"]
+        assert {"micro_batch_size", "grad_accum_steps", "num_workers"} <= set(
+            readback["applied"])
+        assert readback["fixed"] == {}
+        assert {"output_dir", "save_strategy", "max_steps"} <= set(readback["isolated"])
+    assert {c["micro_batch_size"] for c, _ in found} != {4}  # the search moved the batch
+    assert not list((tmp_path / "studies").rglob("trainer-output"))  # removed after trials
+
+    # The exported profile, applied to the same unchanged script with no edit and no flag.
+    profile = next((tmp_path / "studies").glob("*/profile.yaml"))
+    launched = autotune("launch", str(profile), "--", *hf_command(tmp_path, out),
+                        "--max_steps", "3", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    result = json.loads(launched.stdout.strip().splitlines()[-1])
+    from autotune import load_profile
+
+    tuned = load_profile(profile, check_fingerprint=False).config
+    assert result["per_device_train_batch_size"] == tuned.micro_batch_size
+    assert result["steps"] == 3 and result["output_dir"] == str(out)  # the user's, as set
+    assert "the Trainer runs the profile's" in launched.stderr
+    assert (out / "model.safetensors").exists()  # outside a trial the script saves as it does
+
+
+def test_an_unchanged_hf_trainer_script_under_torchrun_reports_both_ranks(
+        tmp_path: Path) -> None:
+    out = users_output(tmp_path)
+    run = autotune("run", "--trials", "2", "--no-probe", *FAST, "--param", "batch=4", "--",
+                   *hf_command(tmp_path, out, *TORCHRUN), cwd=tmp_path, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    done = [t for t in trials(tmp_path) if t.user_attrs.get("status") == "ok"]
+    assert len(done) == 2
+    for t in done:
+        m = t.user_attrs["measurement"]
+        assert [r["rank"] for r in m["ranks"]] == [0, 1]
+        seen = m["script"]["readback"]["seen"]
+        assert seen["micro_batch_size"] == t.user_attrs["config"]["micro_batch_size"]
+        assert seen["ddp_bucket_cap_mb"] == t.user_attrs["config"]["ddp_bucket_cap_mb"]
+
+
+# -- Lightning -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_an_unchanged_lightning_script_is_tuned_and_runs_its_profile(tmp_path: Path,
+                                                                     package: str) -> None:
+    pytest.importorskip(package)
+    command = [sys.executable, str(LIT_SCRIPT), "--package", package]
+    second = tmp_path  # its DataLoader's batch is its own (16): measured against it
+    space = second / "space.yaml"
+    space.write_text(yaml.safe_dump({"knobs": {"micro_batch_size": {"choices": [16]},
+                                               "grad_accum_steps": {"choices": [1, 2, 4]}}}))
+    run = autotune("run", "--trials", "3", "--no-probe", *FAST, "--param", "batch=16",
+                   "--space", str(space), "--", *command, cwd=second)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    found = read_backs(second)
+    assert len(found) == 3
+    for config, readback in found:
+        assert readback["via"].startswith(f"Lightning Trainer ({package.split('.')[0]}")
+        assert readback["seen"]["grad_accum_steps"] == config["grad_accum_steps"]
+        assert "grad_accum_steps" in readback["applied"]
+        assert "a Lightning script sets its DataLoader's batch" in \
+            readback["fixed"]["micro_batch_size"]
+    assert {c["grad_accum_steps"] for c, _ in found} != {1}
+
+    profile = next((second / "studies").glob("*/profile.yaml"))
+    launched = autotune("launch", str(profile), "--", *command, "--epochs", "1", cwd=second)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    from autotune import load_profile
+
+    tuned = load_profile(profile, check_fingerprint=False).config
+    result = json.loads(launched.stdout.strip().splitlines()[-1])
+    assert result["accumulate_grad_batches"] == tuned.grad_accum_steps
+
+
+def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path) -> None:
+    run = autotune("run", "--trials", "1", "--no-probe", *FAST, "--", sys.executable,
+                   str(LIT_SCRIPT), "--precision", "bf16-mixed", cwd=tmp_path)
+    # Its DataLoader's batch (16) is out of the bootstrap's reach: the run stops at the
+    # baseline, which trained another batch than its config's, and says what to pass.
+    assert "autotune cannot set the batch of its Lightning Trainer" in run.stdout, \
+        run.stdout[-3000:]
+    assert "pass --param batch=16" in run.stdout
+    # Its explicit precision wins over the environment's default, and is reported.
+    ((config, readback),) = read_backs(tmp_path)
+    assert config["amp"] == "off" and readback["seen"]["amp"] == "bf16", run.stdout[-2000:]
+    assert readback["fixed"]["amp"] == ("amp=off was set, but the Lightning Trainer (lightning "
+                                        f"{readback['via'].split()[-1][:-1]}) runs bf16: the "
+                                        "script sets it itself")
