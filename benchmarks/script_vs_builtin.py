@@ -1,9 +1,12 @@
 """The same BERT tuned both ways on this machine: the built-in ``bert`` workload (autotune's own
-loop) and a Hugging Face Trainer script training the same model on the same data
-(``benchmarks/scripts/hf_bert.py``, tuned with ``autotune run -- CMD``); then each winner
-measured again, interleaved, through both paths.
+loop) and a Hugging Face Trainer script training the same model on the same data, tuned with
+``autotune run -- CMD``: by default ``benchmarks/scripts/hf_bert_unchanged.py``, a Trainer
+script that knows nothing of autotune (reached by the bootstrap), or with ``--script edited``
+``benchmarks/scripts/hf_bert.py``, which loads its profile and adds autotune's callback. Then
+each winner measured again, interleaved, through both paths.
 
     python benchmarks/script_vs_builtin.py                    # BERT-base, 10 min per study
+    python benchmarks/script_vs_builtin.py --timeout default  # each study's default budget
     python benchmarks/script_vs_builtin.py --size tiny --timeout 3m --rounds 2
 
 Two studies (fresh, under --out), then --rounds rounds of four fresh trials each, in the same
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +40,36 @@ from autotune.trial.measurement import classify  # noqa: E402
 from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
 from autotune.workloads import WorkloadSpec  # noqa: E402
 
-SCRIPT = ROOT / "benchmarks" / "scripts" / "hf_bert.py"
+SCRIPTS = {"unchanged": ROOT / "benchmarks" / "scripts" / "hf_bert_unchanged.py",
+           "edited": ROOT / "benchmarks" / "scripts" / "hf_bert.py"}
 
 
-def tune(out: Path, name: str, timeout: str, flags: list[str], log: Any) -> Profile:
-    """One study, fresh, with the search's defaults but no confirmation (the rounds below are
-    the side-by-side)."""
-    argv = [sys.executable, "-m", "autotune", "run", "--timeout", timeout, "--confirm-top",
-            "0", "--study", name, "--out", str(out / name), *flags]
+def script_command(which: str, size: str, out: Path) -> list[str]:
+    """The script's command line as its user runs it."""
+    if which == "edited":
+        return [sys.executable, str(SCRIPTS[which]), "--size", size]
+    return [sys.executable, str(SCRIPTS[which]), "--size", size, "--output_dir",
+            str(out / "user-output"), "--learning_rate", "1e-4", "--weight_decay", "0.01",
+            "--dataloader_drop_last", "true"]
+
+
+def tune(out: Path, name: str, timeout: str, flags: list[str], log: Any) -> tuple[Profile, float]:
+    """One study, fresh: with ``timeout`` "default", exactly as `autotune run` runs with no
+    budget flag (its confirmation included); else with that --timeout and no confirmation (the
+    rounds below are the side-by-side). Returns the profile and the study's wall seconds."""
+    budget = [] if timeout == "default" else ["--timeout", timeout, "--confirm-top", "0"]
+    argv = [sys.executable, "-m", "autotune", "run", *budget, "--study", name, "--out",
+            str(out / name), *flags]
     print(f"tuning {name}: {' '.join(argv[3:])}", file=log, flush=True)
+    start = time.monotonic()
     subprocess.run(argv, cwd=out, check=True, stdout=log, stderr=subprocess.STDOUT,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return load_profile(out / name / "profile.yaml", check_fingerprint=False)
+    return (load_profile(out / name / "profile.yaml", check_fingerprint=False),
+            time.monotonic() - start)
 
 
 def measure(path: str, config: Config, size: str, folder: Path,
-            settings: MeasureSettings) -> dict[str, Any]:
+            settings: MeasureSettings, script: str = "unchanged") -> dict[str, Any]:
     """One fresh trial of ``config`` through ``path`` ("builtin" or "script")."""
     hw = detect()
     workload = WorkloadSpec("bert", {"size": size})
@@ -59,7 +77,7 @@ def measure(path: str, config: Config, size: str, folder: Path,
     if path == "builtin":
         p = launch.plan(spec, workdir=folder, timeout_s=600)
     else:
-        command = parse_command([sys.executable, str(SCRIPT), "--size", size])
+        command = parse_command(script_command(script, size, folder))
         profile = Profile(workload={"name": "hf_bert"}, config=config, env=env_for(config),
                           result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
                           fingerprint=hw.fingerprint(), provenance={"candidate": True})
@@ -73,7 +91,9 @@ def measure(path: str, config: Config, size: str, folder: Path,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="base", choices=("base", "tiny"))
-    parser.add_argument("--timeout", default="10m", help="each study's --timeout")
+    parser.add_argument("--timeout", default="10m", help="each study's --timeout; 'default': "
+                        "no budget flag at all (the default budget, with its confirmation)")
+    parser.add_argument("--script", default="unchanged", choices=tuple(SCRIPTS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--trial-seconds", type=float, default=90.0,
                         help="measuring budget of each side-by-side trial")
@@ -83,10 +103,10 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="autotune-script-vs-builtin-"))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "studies.log", "w") as log:
-        builtin = tune(out, "builtin", args.timeout, ["--model", "bert", "--param",
-                                                      f"size={args.size}"], log)
-        script = tune(out, "script", args.timeout, ["--", sys.executable, str(SCRIPT),
-                                                    "--size", args.size], log)
+        builtin, builtin_s = tune(out, "builtin", args.timeout,
+                                  ["--model", "bert", "--param", f"size={args.size}"], log)
+        script, script_s = tune(out, "script", args.timeout,
+                                ["--", *script_command(args.script, args.size, out)], log)
     settings = MeasureSettings(max_seconds=args.trial_seconds)
     plan = [("builtin winner, built-in loop", "builtin", builtin.config),
             ("script winner, HF script", "script", script.config),
@@ -95,7 +115,8 @@ def main() -> int:
     rounds: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in plan}
     for r in range(args.rounds):
         for i, (label, path, config) in enumerate(plan):
-            got = measure(path, config, args.size, out / "rounds" / f"{r}-{i}", settings)
+            got = measure(path, config, args.size, out / "rounds" / f"{r}-{i}", settings,
+                          args.script)
             rounds[label].append(got)
             if not args.json:
                 rate = got["samples_per_sec"]
@@ -105,13 +126,15 @@ def main() -> int:
     medians = {label: statistics.median(g["samples_per_sec"] for g in got
                                         if g["samples_per_sec"]) if any(
         g["samples_per_sec"] for g in got) else None for label, got in rounds.items()}
-    doc = {"size": args.size, "rounds": args.rounds, "out": str(out),
+    doc = {"size": args.size, "rounds": args.rounds, "out": str(out), "script_kind": args.script,
            "builtin": {"config": builtin.config.describe(),
                        "search_samples_per_sec": builtin.samples_per_sec,
-                       "speedup": builtin.speedup},
+                       "speedup": builtin.speedup, "study_s": builtin_s,
+                       "trials": builtin.provenance.get("trials")},
            "script": {"config": script.config.describe(),
                       "search_samples_per_sec": script.samples_per_sec,
-                      "speedup": script.speedup, "notes": script.notes},
+                      "speedup": script.speedup, "notes": script.notes, "study_s": script_s,
+                      "trials": script.provenance.get("trials")},
            "medians": medians, "measurements": rounds}
     overheads = {}
     for which in ("builtin", "script"):
@@ -122,10 +145,11 @@ def main() -> int:
     if args.json:
         print(json.dumps(doc))
         return 0
-    print(f"\nbuilt-in winner: {builtin.config.describe()} (search {builtin.samples_per_sec:.3f} "
-          f"samples/s, {builtin.speedup}x)")
-    print(f"script winner:   {script.config.describe()} (search {script.samples_per_sec:.3f} "
-          f"samples/s, {script.speedup}x)")
+    for name, p, seconds in (("built-in", builtin, builtin_s), ("script", script, script_s)):
+        print(f"\n{name} study: {seconds / 60:.1f} min, {p.provenance.get('trials')} trials; "
+              f"winner {p.config.describe()} ({p.samples_per_sec:.3f} samples/s, speedup "
+              f"{p.speedup}x)", end="")
+    print()
     for label, rate in medians.items():
         wall = statistics.median(g["wall_s"] for g in rounds[label])
         print(f"  {label:<30} median {rate:.3f} samples/s, trial wall {wall:.0f}s" if rate

@@ -175,6 +175,24 @@ def test_an_unchanged_hf_trainer_script_under_torchrun_reports_both_ranks(
         assert seen["ddp_bucket_cap_mb"] == t.user_attrs["config"]["ddp_bucket_cap_mb"]
 
 
+def test_a_value_the_trainer_refuses_after_the_baseline_fails_its_trial_and_is_fixed(
+        tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"knobs": {"micro_batch_size": {"choices": [4]},
+                                               "optimizer_impl": {"choices": ["default",
+                                                                              "fused"]}}}))
+    run = autotune("run", "--trials", "2", "--no-probe", *FAST, "--param", "batch=4", "--space",
+                   str(space), "--", *hf_command(tmp_path, users_output(tmp_path)),
+                   "--own_optimizer", "true", cwd=tmp_path, timeout=300)
+    why = "optimizer_impl: the script passes its own optimizer to Trainer(optimizers=...)"
+    outcomes = {t.user_attrs["config"]["optimizer_impl"]: (t.user_attrs["status"],
+                                                           t.user_attrs.get("reason"))
+                for t in trials(tmp_path)}
+    assert outcomes == {"default": ("ok", None),
+                        "fused": ("error", f"not this config's speed: {why}")}, run.stdout
+    assert f"fixed: {why}" in run.stdout
+
+
 # -- Lightning -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
@@ -223,3 +241,50 @@ def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path
     assert readback["fixed"]["amp"] == ("amp=off was set, but the Lightning Trainer (lightning "
                                         f"{readback['via'].split()[-1][:-1]}) runs bf16: the "
                                         "script sets it itself")
+
+
+# -- what the bootstrap may set --------------------------------------------------------------------
+
+def test_a_scripts_trial_caps_the_cuda_allocator_at_the_memory_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from autotune.bootstrap.memory import LIMIT_ENV, cap_cuda_allocator
+    from autotune.testing.cuda import recorded_cuda
+
+    gpu, cpu = SimpleNamespace(type="cuda", index=0), SimpleNamespace(type="cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with recorded_cuda(total_memory=80 * 2**30) as calls:
+        assert cap_cuda_allocator(gpu) is None  # no limit in the environment
+        monkeypatch.setenv(LIMIT_ENV, str(20 * 2**30))
+        assert cap_cuda_allocator(cpu) is None
+        assert cap_cuda_allocator(gpu) == 0.25
+    assert calls == [("set_per_process_memory_fraction", 0.25, gpu)]
+
+
+def test_only_tuned_fields_and_the_trials_isolation_reach_training_arguments() -> None:
+    """A profile's values reach TrainingArguments only through the knobs' fields (checked by
+    the knob registry when the profile loads); a trial adds only what keeps the user's outputs
+    alone. Never a field that names a file or code to load, a hub or a tracker."""
+    from dataclasses import replace
+
+    from autotune.bootstrap.hf import FIELD_KNOB, ISOLATION
+    from autotune.config.knobs import Config
+    from autotune.integrations.hf import training_args
+    from tests.test_profile import make
+
+    every = make()
+    for config in (Config(), Config(micro_batch_size=32, grad_accum_steps=4, amp="bf16",
+                                    num_workers=2, prefetch_factor=4, compile="default",
+                                    activation_checkpointing=True, matmul_precision="high",
+                                    optimizer_impl="fused", world_size=2,
+                                    ddp_static_graph=True)):
+        fields = set(training_args(replace(every, config=config)))
+        assert fields <= set(FIELD_KNOB) | {"use_cpu", "optim"}, fields
+    never = {"deepspeed", "fsdp", "fsdp_config", "accelerator_config", "hub_token",
+             "hub_model_id", "push_to_hub", "report_to", "resume_from_checkpoint", "run_name"}
+    assert not set(FIELD_KNOB) & never
+    # What a trial sets of those, it sets to off.
+    assert {ISOLATION[k] for k in never & set(ISOLATION)} <= {None, False, "none"}

@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from autotune.config.applied import APPLIED_BY
 from autotune.config.knobs import Config, oversubscribed, unapplied
 from autotune.config.space import NarrowedSpace
 from autotune.machine.hardware import Hardware
@@ -162,7 +163,14 @@ class TrialSteps:
             self._say_trainer(read_back, is_baseline)
         if is_baseline and (why := _shared_failure(m, self.command.name)):
             self.halted = why
-        if not m.ok or record.read_facts(self.study).unapplied is not None:
+        known = record.read_facts(self.study).unapplied
+        if known is not None and (later := self._not_in_effect(m)):
+            # Found after the baseline (a value the Trainer refuses): fixed from now on.
+            self.study.set_user_attr("unapplied", {**known, **later})
+            self.space = self.space.fix(later, self.baseline)
+            for why in later.values():
+                self.reporter.note(f"fixed: {why}")
+        if not m.ok or known is not None:
             return
         accessed = set(m.script.get("accessed") or ())
         reasons = unapplied(list(self.space.searched), accessed, self.command.name,
@@ -248,7 +256,21 @@ class TrialSteps:
             # again once by the next run (twice cut: it is a real timeout).
             m = replace(m, status="error", reason="stopped by the run's --timeout",
                         ended_by=BUDGET)
+        if not is_baseline and m.ok and (off := self._not_in_effect(m)):
+            m = replace(m, status="error",
+                        reason=f"not this config's speed: {'; '.join(off.values())}")
         return m
+
+    def _not_in_effect(self, m: Measurement) -> dict[str, str]:
+        """The searched knobs a script's Trainer, read back, did not run as the config asked
+        (and the script does not apply itself), each with why: that trial did not measure
+        its config."""
+        read_back = m.script.get("readback")
+        if read_back is None:
+            return {}
+        accessed = set(m.script.get("accessed") or ())
+        return {knob: why for knob, why in read_back["fixed"].items()
+                if knob in self.space.searched and not accessed & set(APPLIED_BY.get(knob, ()))}
 
     def measure_config(self, config: Config, workdir: Path, timeout: float,
                        settings: MeasureSettings, prune_below: float | None = None,

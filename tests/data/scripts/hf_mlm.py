@@ -34,6 +34,8 @@ class ModelArguments:
     num_hidden_layers: int = field(default=2)
     num_attention_heads: int = field(default=2)
     intermediate_size: int = field(default=128)
+    vocab_size: int = field(default=0, metadata={"help": "0: the tokenizer's"})
+    own_optimizer: bool = field(default=False, metadata={"help": "pass Trainer an AdamW"})
 
 
 @dataclass
@@ -71,13 +73,16 @@ def main() -> None:
     with open(data_args.train_file) as f:
         lines = [line.strip() for line in f if line.strip()]
     tokenizer = tokenizer_for(lines)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=model_args.hidden_size,
+    config = BertConfig(vocab_size=model_args.vocab_size or len(tokenizer),
+                        hidden_size=model_args.hidden_size,
                         num_hidden_layers=model_args.num_hidden_layers,
                         num_attention_heads=model_args.num_attention_heads,
                         intermediate_size=model_args.intermediate_size,
                         max_position_embeddings=max(512, data_args.max_seq_length))
     model = BertForMaskedLM(config)
-    trainer = Trainer(model=model, args=training_args,
+    optimizers = (torch.optim.AdamW(model.parameters(), lr=training_args.learning_rate), None) \
+        if model_args.own_optimizer else (None, None)
+    trainer = Trainer(model=model, args=training_args, optimizers=optimizers,
                       train_dataset=LineDataset(lines, tokenizer, data_args.max_seq_length),
                       data_collator=DataCollatorForLanguageModeling(tokenizer),
                       processing_class=tokenizer)
