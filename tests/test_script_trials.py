@@ -26,7 +26,7 @@ from autotune.trial.driver import StepDriver
 from autotune.trial.measurement import Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec
-from tests.conftest import EXAMPLES, FAST, ROOT, autotune, needs_framework
+from tests.conftest import EXAMPLE_FRAMEWORKS, EXAMPLES, FAST, ROOT, autotune, needs_framework
 
 LOOP = ROOT / "tests" / "data" / "scripts" / "loop.py"
 # The environment's torchrun (its bin folder need not be on PATH).
@@ -476,6 +476,14 @@ def test_each_example_is_tuned_as_it_is_and_runs_its_profile(tmp_path: Path,
     accessed = set(ok[0].user_attrs["measurement"]["script"]["accessed"])
     assert accessed & {"dataloader_kwargs", "hf_training_args"}  # it applies the batch
     assert "micro_batch_size" not in study.user_attrs["unapplied"]
+    if EXAMPLE_FRAMEWORKS[example]:
+        # The bootstrap reached its Trainer too, and the steps of its own callback are not
+        # counted twice: as many reported as the Trainer says it ran.
+        m = ok[0].user_attrs["measurement"]
+        assert m["script"]["readback"]["via"].split()[0] in ("Trainer", "Lightning")
+        log = next(tmp_path.glob(f"studies/*/trials/{ok[0].number:04d}/stderr.log"))
+        trained = _last_json(log.read_text())
+        assert m["script"]["steps"] == [trained["steps"]], trained
     path = next((tmp_path / "studies").glob("*/profile.yaml"))
     profile = load_profile(path)
     ran = autotune("launch", str(path), "--", sys.executable, script, *short, cwd=tmp_path,
@@ -515,3 +523,14 @@ def test_an_edited_script_is_not_resumed_into_its_old_study(tmp_path: Path) -> N
     assert out.returncode == 2
     assert "train.py changed since study s measured it (sha256 " in out.stderr
     assert len(_study(tmp_path).trials) == 1  # nothing lost, nothing added
+
+
+def test_a_baseline_that_fails_as_every_trial_would_stops_the_run(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nsys.exit('cannot open /data/shards: no such file')\n")
+    out = autotune("run", "--trials", "4", "--no-probe", *FAST, "--", sys.executable,
+                   str(script), cwd=tmp_path)
+    assert out.returncode != 0
+    assert "stopped: the baseline trial of crash.py failed (" in out.stdout, out.stdout[-2000:]
+    assert "every trial runs the same script: make it train as it is on its own" in out.stdout
+    assert len([t for t in _study(tmp_path).trials if "config" in t.user_attrs]) == 1
