@@ -176,6 +176,26 @@ def on_trainer(module: ModuleType) -> None:
 
     __init__._autotune = True  # type: ignore[attr-defined]
     cls.__init__, cls.create_optimizer = __init__, create_optimizer
+    for name, result in SKIPPED.items():
+        setattr(cls, name, _skipped_in_trials(getattr(cls, name), result))
+
+
+# What a script does with its Trainer after training that a trial skips (its windows are
+# measured by then): saving the model and state, evaluating, pushing. Each returns what it
+# would (``evaluate`` its metrics: none), so the script goes on to its end.
+SKIPPED: dict[str, Any] = {"save_model": None, "save_state": None, "evaluate": {},
+                           "push_to_hub": None}
+
+
+def _skipped_in_trials(method: Any, result: Any) -> Any:
+    @functools.wraps(method)
+    def skipped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state()
+        if state is None or state.mode != TRIAL:
+            return method(self, *args, **kwargs)
+        return dict(result) if isinstance(result, dict) else result
+
+    return skipped
 
 
 def _prepare_model(model: Any, state: _State) -> None:

@@ -200,12 +200,21 @@ class TrialSteps:
             self.reporter.note(f"{self.command.name if self.command else 'the script'}: "
                                f"autotune sets each trial's config on its {read_back['via']}"
                                f"{kept}")
-        asked = read_back["script"].get("micro_batch_size")
-        if is_baseline and isinstance(asked, int) and asked != self.baseline.micro_batch_size:
+        if not is_baseline:
+            return
+        base = self.baseline.to_dict()
+        differs = {k: v for k, v in read_back["script"].items()
+                   if k in ("micro_batch_size", "grad_accum_steps", "amp") and v is not None
+                   and v != base.get(k)}
+        if differs:
+            asked = ", ".join(f"{k} {v}" for k, v in differs.items())
+            measured = ", ".join(f"{k} {base.get(k)}" for k in differs)
+            batch = differs.get("micro_batch_size")
             self.reporter.note(
-                f"the script asks for micro-batch {asked} itself; the baseline measures "
-                f"{self.baseline.micro_batch_size}: pass --param batch={asked} to measure the "
-                "speedup against your own setting")
+                f"the script asks for {asked} itself; the baseline measures {measured} (the "
+                "framework's defaults): the speedup is over those" + (
+                    f"; pass --param batch={batch} to measure it against your batch"
+                    if batch is not None else ""))
 
     def _trial_budget(self, config: Config, remaining: float | None,
                       snap: StudySnapshot) -> budget.TrialBudget:
