@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).parent / "data" / "scripts"
 HF_SCRIPT, LIT_SCRIPT = SCRIPTS / "hf_mlm.py", SCRIPTS / "lit_unchanged.py"
+# The suite's short trials, never pruned: a trial the pruner stops (a loaded machine slows one
+# down) still reads back, but these tests count one read-back per trial asked for.
+QUICK = [*FAST, "--no-prune"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
             "2"]
 
@@ -124,7 +127,7 @@ def users_output(folder: Path) -> Path:
 
 def test_an_unchanged_hf_trainer_script_is_tuned_and_runs_its_profile(tmp_path: Path) -> None:
     out = users_output(tmp_path)
-    run = autotune("run", "--trials", "2", "--no-probe", *FAST, "--param", "batch=4", "--",
+    run = autotune("run", "--trials", "2", "--no-probe", *QUICK, "--param", "batch=4", "--",
                    *hf_command(tmp_path, out), cwd=tmp_path, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # no checkpoint, no model
@@ -161,7 +164,7 @@ def test_an_unchanged_hf_trainer_script_is_tuned_and_runs_its_profile(tmp_path: 
 def test_an_unchanged_hf_trainer_script_under_torchrun_reports_both_ranks(
         tmp_path: Path) -> None:
     out = users_output(tmp_path)
-    run = autotune("run", "--trials", "2", "--no-probe", *FAST, "--param", "batch=4", "--",
+    run = autotune("run", "--trials", "2", "--no-probe", *QUICK, "--param", "batch=4", "--",
                    *hf_command(tmp_path, out, *TORCHRUN), cwd=tmp_path, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
@@ -181,8 +184,9 @@ def test_a_value_the_trainer_refuses_after_the_baseline_fails_its_trial_and_is_f
     space.write_text(yaml.safe_dump({"knobs": {"micro_batch_size": {"choices": [4]},
                                                "optimizer_impl": {"choices": ["default",
                                                                               "fused"]}}}))
-    run = autotune("run", "--trials", "2", "--no-probe", *FAST, "--param", "batch=4", "--space",
-                   str(space), "--", *hf_command(tmp_path, users_output(tmp_path)),
+    run = autotune("run", "--trials", "2", "--no-probe", *QUICK, "--param",
+                   "batch=4", "--space", str(space), "--",
+                   *hf_command(tmp_path, users_output(tmp_path)),
                    "--own_optimizer", "true", cwd=tmp_path, timeout=300)
     why = "optimizer_impl: the script passes its own optimizer to Trainer(optimizers=...)"
     outcomes = {t.user_attrs["config"]["optimizer_impl"]: (t.user_attrs["status"],
@@ -195,16 +199,15 @@ def test_a_value_the_trainer_refuses_after_the_baseline_fails_its_trial_and_is_f
 
 # -- Lightning -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
-def test_an_unchanged_lightning_script_is_tuned_and_runs_its_profile(tmp_path: Path,
-                                                                     package: str) -> None:
+def test_an_unchanged_lightning_script_is_tuned_and_runs_its_profile(tmp_path: Path) -> None:
+    package = "lightning"  # the older pytorch_lightning: the next test
     pytest.importorskip(package)
     command = [sys.executable, str(LIT_SCRIPT), "--package", package]
     second = tmp_path  # its DataLoader's batch is its own (16): measured against it
     space = second / "space.yaml"
     space.write_text(yaml.safe_dump({"knobs": {"micro_batch_size": {"choices": [16]},
                                                "grad_accum_steps": {"choices": [1, 2, 4]}}}))
-    run = autotune("run", "--trials", "2", "--no-probe", *FAST, "--param", "batch=16",
+    run = autotune("run", "--trials", "2", "--no-probe", *QUICK, "--param", "batch=16",
                    "--space", str(space), "--", *command, cwd=second)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     found = read_backs(second)
@@ -227,9 +230,13 @@ def test_an_unchanged_lightning_script_is_tuned_and_runs_its_profile(tmp_path: P
     assert result["accumulate_grad_batches"] == tuned.grad_accum_steps
 
 
-def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path) -> None:
-    run = autotune("run", "--trials", "1", "--no-probe", *FAST, "--", sys.executable,
-                   str(LIT_SCRIPT), "--precision", "bf16-mixed", cwd=tmp_path)
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path,
+                                                                  package: str) -> None:
+    pytest.importorskip(package)
+    run = autotune("run", "--trials", "1", "--no-probe", *QUICK, "--", sys.executable,
+                   str(LIT_SCRIPT), "--package", package, "--precision", "bf16-mixed",
+                   cwd=tmp_path)
     # Its DataLoader's batch (16) is out of the bootstrap's reach: the run stops at the
     # baseline, which trained another batch than its config's, and says what to pass.
     assert "autotune cannot set the batch of its Lightning Trainer" in run.stdout, \
@@ -238,9 +245,9 @@ def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path
     # Its explicit precision wins over the environment's default, and is reported.
     ((config, readback),) = read_backs(tmp_path)
     assert config["amp"] == "off" and readback["seen"]["amp"] == "bf16", run.stdout[-2000:]
-    assert readback["fixed"]["amp"] == ("amp=off was set, but the Lightning Trainer (lightning "
-                                        f"{readback['via'].split()[-1][:-1]}) runs bf16: the "
-                                        "script sets it itself")
+    assert readback["via"].startswith(f"Lightning Trainer ({package} ")
+    assert readback["fixed"]["amp"] == (f"amp=off was set, but the {readback['via']} runs "
+                                        "bf16: the script sets it itself")
 
 
 # -- what the bootstrap may set --------------------------------------------------------------------
@@ -288,3 +295,32 @@ def test_only_tuned_fields_and_the_trials_isolation_reach_training_arguments() -
     assert not set(FIELD_KNOB) & never
     # What a trial sets of those, it sets to off.
     assert {ISOLATION[k] for k in never & set(ISOLATION)} <= {None, False, "none"}
+
+
+def test_hf_args_paste_into_the_trainers_own_parser_as_the_profile(tmp_path: Path) -> None:
+    """`autotune profile show --hf-args` prints flags that HfArgumentParser reads back as the
+    profile's values."""
+    import shlex
+    from dataclasses import replace
+
+    from transformers import HfArgumentParser, TrainingArguments
+
+    from autotune.config.knobs import Config
+    from tests.test_profile import make
+
+    path = tmp_path / "profile.yaml"
+    config = Config(micro_batch_size=16, grad_accum_steps=2, num_workers=2, prefetch_factor=4,
+                    optimizer_impl="foreach", activation_checkpointing=True)
+    replace(make(), config=config).save(path)
+    shown = autotune("profile", "show", "--hf-args", str(path), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    flags, *comments = shown.stdout.strip().splitlines()
+    assert comments == ["# optimizer_impl=foreach: no TrainingArguments flag sets it; "
+                        "`autotune launch` does"]
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        args=[*shlex.split(flags), "--output_dir", str(tmp_path / "out")])
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (16, 2)
+    assert (args.dataloader_num_workers, args.dataloader_prefetch_factor) == (2, 4)
+    checkpointing = getattr(args, "activation_checkpointing", None) or \
+        args.gradient_checkpointing
+    assert checkpointing is True

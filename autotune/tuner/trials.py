@@ -265,7 +265,7 @@ class TrialSteps:
             # again once by the next run (twice cut: it is a real timeout).
             m = replace(m, status="error", reason="stopped by the run's --timeout",
                         ended_by=BUDGET)
-        if not is_baseline and m.ok and (off := self._not_in_effect(m)):
+        if not is_baseline and m.is_result and (off := self._not_in_effect(m)):
             m = replace(m, status="error",
                         reason=f"not this config's speed: {'; '.join(off.values())}")
         return m
