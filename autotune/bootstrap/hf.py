@@ -32,7 +32,8 @@ from autotune.profile.schema import Profile
 # the user's output directory, on a hub or in a tracker, nothing is evaluated or resumed, and
 # training runs until autotune has measured. (``output_dir`` is the trial's folder.)
 ISOLATION: dict[str, Any] = {
-    "save_strategy": "no", "eval_strategy": "no", "do_eval": False, "eval_on_start": False,
+    "save_strategy": "no", "eval_strategy": "no", "evaluation_strategy": "no",  # (4.40 and older)
+    "do_eval": False, "eval_on_start": False,
     "load_best_model_at_end": False, "push_to_hub": False, "hub_token": None,
     "hub_model_id": None, "report_to": "none", "resume_from_checkpoint": None,
     "enable_jit_checkpoint": False, "auto_find_batch_size": False, "max_steps": 10**9,
