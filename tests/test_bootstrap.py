@@ -164,12 +164,12 @@ def test_an_unchanged_hf_trainer_script_is_tuned_and_runs_its_profile(tmp_path: 
 def test_an_unchanged_hf_trainer_script_under_torchrun_reports_both_ranks(
         tmp_path: Path) -> None:
     out = users_output(tmp_path)
-    run = autotune("run", "--trials", "2", "--no-probe", *QUICK, "--param", "batch=4", "--",
+    run = autotune("run", "--trials", "1", "--no-probe", *QUICK, "--param", "batch=4", "--",
                    *hf_command(tmp_path, out, *TORCHRUN), cwd=tmp_path, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     done = [t for t in trials(tmp_path) if t.user_attrs.get("status") == "ok"]
-    assert len(done) == 2
+    assert len(done) == 1
     for t in done:
         m = t.user_attrs["measurement"]
         assert [r["rank"] for r in m["ranks"]] == [0, 1]
@@ -230,9 +230,8 @@ def test_an_unchanged_lightning_script_is_tuned_and_runs_its_profile(tmp_path: P
     assert result["accumulate_grad_batches"] == tuned.grad_accum_steps
 
 
-@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
-def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path,
-                                                                  package: str) -> None:
+def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path) -> None:
+    package = "pytorch_lightning"  # the older package here; the current one: the test above
     pytest.importorskip(package)
     run = autotune("run", "--trials", "1", "--no-probe", *QUICK, "--", sys.executable,
                    str(LIT_SCRIPT), "--package", package, "--precision", "bf16-mixed",
