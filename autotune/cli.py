@@ -22,7 +22,6 @@ from autotune import bootstrap
 from autotune.errors import AutotuneError, UsageError
 from autotune.exits import Debug, guarded, parse_duration, parser_exit_code, sigterm_as_interrupt
 from autotune.flags import BoundFlag
-from autotune.paths import import_root
 from autotune.profile_commands import ProfileArg, profile_app, read_profile
 from autotune.tuner import options
 
@@ -262,8 +261,6 @@ def launch_command(
     shown = " ".join(f"{k}={env[k]}" for k in (*profile.env, PROFILE_ENV))
     # A Hugging Face or Lightning Trainer gets the profile from autotune's bootstrap, with
     # no edit to the script (``autotune.bootstrap``); a plain loop loads it itself.
-    env["PYTHONPATH"] = os.pathsep.join(
-        x for x in (str(import_root()), env.get("PYTHONPATH", "")) if x)
     env.update(bootstrap.environment(bootstrap.LAUNCH, env))
     env.update(bootstrap.trainer_env(profile.config.amp, profile.config.grad_accum_steps))
     typer.echo(f"autotune: launching with {shown}; a Hugging Face or Lightning Trainer in it "

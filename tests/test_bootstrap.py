@@ -323,3 +323,23 @@ def test_hf_args_paste_into_the_trainers_own_parser_as_the_profile(tmp_path: Pat
     checkpointing = getattr(args, "activation_checkpointing", None) or \
         args.gradient_checkpointing
     assert checkpointing is True
+
+
+def test_the_trainers_model_gets_the_attention_or_the_reason_it_cannot() -> None:
+    from dataclasses import replace
+
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from autotune.bootstrap.hf import _prepare_model, _State
+    from autotune.config.knobs import Config
+    from tests.test_profile import make
+
+    state = _State("trial", replace(make(), config=Config(attention="eager")))
+    model = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=32))
+    _prepare_model(model, state)
+    assert model.config._attn_implementation == "eager" and state.unreachable == {}
+    _prepare_model(torch.nn.Linear(2, 2), state)
+    assert state.unreachable == {"attention": "attention=eager needs a transformers model "
+                                              "(set_attn_implementation); Linear has none"}

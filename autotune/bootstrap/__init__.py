@@ -34,11 +34,15 @@ TRAINER_OUTPUT = "trainer-output"
 
 def environment(mode: str, env: Mapping[str, str]) -> dict[str, str]:
     """What a process of ``mode`` gets on top of ``env``: the bootstrap's folder first on its
-    ``PYTHONPATH`` (ahead of whatever ``env`` has there, which it keeps) and the mode."""
+    ``PYTHONPATH``, then the folder autotune is imported from here (the process imports the
+    same autotune), then whatever ``env`` has there; and the mode."""
+    from autotune.paths import import_root
+
     if mode not in MODES:
         raise ValueError(f"bootstrap mode must be one of {MODES}, got {mode!r}")
-    path = os.pathsep.join(x for x in (str(SITE), env.get("PYTHONPATH", "")) if x)
-    return {"PYTHONPATH": path, MODE_ENV: mode}
+    ours = [str(SITE), str(import_root())]
+    theirs = [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x and x not in ours]
+    return {"PYTHONPATH": os.pathsep.join([*ours, *theirs]), MODE_ENV: mode}
 
 
 def lightning_precision(amp: str) -> str:

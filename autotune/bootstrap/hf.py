@@ -201,25 +201,20 @@ def _skipped_in_trials(method: Any, result: Any) -> Any:
 
 def _prepare_model(model: Any, state: _State) -> None:
     """The attention implementation (set on the model the Trainer receives, before its first
-    step) and the process's intra-op threads."""
-    from autotune.trial.apply import attention_refused, set_torch_flags
+    step, by the same ``prepare_model`` trials and scripts use; checkpointing is the
+    Trainer's own argument) and the process's intra-op threads."""
+    from autotune.trial.apply import prepare_model, set_torch_flags
 
     config = state.config
     if config.cpu_threads:
         set_torch_flags(config)
     if config.attention == "default":
         return
-    setter = getattr(model, "set_attn_implementation", None)
-    refused = attention_refused(config.attention, model) if setter is not None else (
-        f"attention: the Trainer's model ({type(model).__name__}) has no "
-        "set_attn_implementation")
-    if refused is None:
-        try:
-            setter(config.attention)  # type: ignore[misc]
-        except (ValueError, ImportError) as exc:
-            refused = f"attention={config.attention}: {exc}"
-    if refused is not None:
-        state.unreachable["attention"] = refused
+    try:
+        prepare_model(model, dataclasses.replace(config, activation_checkpointing=False))
+    except (ValueError, ImportError) as exc:
+        state.unreachable["attention"] = f"attention={config.attention}: {exc}" \
+            if not str(exc).startswith("attention") else str(exc)
 
 
 def _attach(trainer: Any, state: _State) -> None:
@@ -253,7 +248,7 @@ def report(trainer: Any, state: _State, loader: Any, optimizer: Any) -> readback
     if state.mode == TRIAL:
         steps.readback(found.to_doc())
     elif trainer.args.process_index == 0:
-        shown = ", ".join(f"{k}={readback._shown(found.seen[k])}" for k in found.applied
+        shown = ", ".join(f"{k}={readback.shown(found.seen[k])}" for k in found.applied
                           if k in found.seen)
         print(f"autotune: the Trainer runs the profile's {shown}", file=sys.stderr)
         for why in found.fixed.values():

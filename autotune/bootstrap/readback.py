@@ -58,12 +58,13 @@ def compare(config: Config, seen: Mapping[str, Any], unreachable: Mapping[str, s
             if seen[knob] == value:
                 out.applied.append(knob)
             else:
-                out.fixed[knob] = (f"{knob}={_shown(value)} was set, but the {via} runs "
-                                   f"{_shown(seen[knob])}: the script sets it itself")
+                out.fixed[knob] = (f"{knob}={shown(value)} was set, but the {via} runs "
+                                   f"{shown(seen[knob])}: the script sets it itself")
     return out
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A knob's value as the run prints it."""
     return "off" if value is False else "on" if value is True else str(value)
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config.applied import APPLIED_BY
 from autotune.config.knobs import Config, oversubscribed, unapplied
 from autotune.config.space import NarrowedSpace
 from autotune.machine.hardware import Hardware
@@ -272,14 +271,14 @@ class TrialSteps:
 
     def _not_in_effect(self, m: Measurement) -> dict[str, str]:
         """The searched knobs a script's Trainer, read back, did not run as the config asked
-        (and the script does not apply itself), each with why: that trial did not measure
-        its config."""
+        (by the rule of ``unapplied``: the script does not apply them itself either), each
+        with why: that trial did not measure its config."""
         read_back = m.script.get("readback")
-        if read_back is None:
+        if read_back is None or self.command is None:
             return {}
-        accessed = set(m.script.get("accessed") or ())
-        return {knob: why for knob, why in read_back["fixed"].items()
-                if knob in self.space.searched and not accessed & set(APPLIED_BY.get(knob, ()))}
+        reasons = unapplied(list(self.space.searched), set(m.script.get("accessed") or ()),
+                            self.command.name, dict(read_back))
+        return {k: why for k, why in reasons.items() if k in read_back["fixed"]}
 
     def measure_config(self, config: Config, workdir: Path, timeout: float,
                        settings: MeasureSettings, prune_below: float | None = None,
