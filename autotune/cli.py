@@ -84,31 +84,6 @@ def _nothing_measured(summary: RunSummary) -> AutotuneError:
                          "more time (--timeout, --trial-seconds) or memory (--memory-limit)")
 
 
-@app.command()
-@guarded
-def agent(
-    storage: Annotated[str, typer.Option(
-        help="The tuner's Optuna storage URL (PostgreSQL, reachable from every node)")],
-    study: Annotated[str, typer.Option(help="The tuner's study name (--study)")],
-    out: Annotated[Path, typer.Option(
-        help="Directory for this node's trial logs")] = Path("studies/agent"),
-    wait: Annotated[str, typer.Option(
-        help="How long to wait for the tuner to create the study")] = "10m",
-    allow_workload: Annotated[str | None, typer.Option(
-        help="Also run this workload (its spec, as the tuner's --model names it); built-ins "
-             "only otherwise")] = None,
-    debug: Debug = False,
-) -> None:
-    """Run this machine's part of trials across machines: start with `autotune run --nnodes N
-    --rdzv-endpoint HOST:PORT --storage URL --study NAME` on one machine, and this on each other
-    one; it joins every trial until the tuner's run ends."""
-    from autotune.tuner.agent import serve
-
-    sigterm_as_interrupt()
-    serve(storage, study, out, lambda line: print(line, flush=True),
-          wait_s=parse_duration(wait, "--wait") or 600.0, allow_workload=allow_workload)
-
-
 @app.command("probe")
 @guarded
 def probe_command(

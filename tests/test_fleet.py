@@ -1,13 +1,13 @@
 """Several tuners, one study: workers against the real PostgreSQL server (and resuming there),
 the fingerprint guard, the device lock, the journal file storage, and trials across two torchrun
-agents meeting at a c10d rendezvous on loopback.
+agents started by a launcher template, meeting at a c10d rendezvous on loopback (the Slurm
+executor's are in test_slurm.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.profile import load_profile
-from autotune.tuner.record import TrialRecord, read_trials
+from autotune.tuner.record import read_trials
 from tests.conftest import FAST, ROOT, autotune
 
 pytestmark = pytest.mark.slow
@@ -150,62 +150,6 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
         optuna.delete_study(study_name=name, storage=postgres_url)
 
 
-def two_nodes(tmp_path: Path, study: str, *args: str,
-              ) -> tuple[subprocess.CompletedProcess[str], str, TrialRecord]:
-    """The tuner and `autotune agent` as two 'nodes' on 127.0.0.1: separate device-lock
-    directories, as separate machines have, and one journal file as their storage. Returns the
-    tuner's run, the agent's output and the study's one recorded trial."""
-    from autotune.tuner.storage import open_storage
-
-    endpoint = f"127.0.0.1:{free_port()}"
-    db = f"journal:///{tmp_path}/journal.log"  # the storage for clusters sharing only files
-    common = ("--storage", db, "--study", study)
-    model = args[args.index("--model") + 1]  # an agent runs only the workload it is told to
-    agent = start(tmp_path, "agent", *common, "--out", "node1", "--allow-workload", model,
-                  env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks1")})
-    try:
-        run = autotune("run", *args, "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint",
-                       endpoint, "--trials", "1", *common, *FAST, cwd=tmp_path,
-                       env={"AUTOTUNE_LOCK_DIR": str(tmp_path / "locks0")})
-        out, err = agent.communicate(timeout=60)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-    assert agent.returncode == 0, err
-    assert "1 trial(s) joined" in out
-    (trial,) = read_trials(optuna.load_study(study_name=study, storage=open_storage(db)))
-    return run, out, trial
-
-
-def test_a_trial_across_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """Two torchrun agents, the tuner's and `autotune agent`'s, meet at a c10d rendezvous on
-    127.0.0.1 and run one gloo trial of two ranks; the tuner's node writes the one result."""
-    run, _, trial = two_nodes(tmp_path, "two-nodes", "--model", "mlp")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    result = trial.measurement
-    assert trial.status == "ok" and trial.config.world_size == 2
-    # Both nodes' ranks measured, merged into one result by the slowest-rank rule.
-    assert sorted(r["rank"] for r in result.ranks) == [0, 1]
-    assert (result.samples_per_sec or 0) > 0 and len(result.windows) >= 3
-    assert list((tmp_path / "node1").glob("*/stderr.log"))  # the agent's own log
-
-
-def test_a_rank_failing_on_another_node_is_named_as_the_cause(tmp_path: Path) -> None:
-    """The tuner's rank only sees its peer close the connection; the agent publishes its own
-    rank's report, and the trial's reason is that one, with the node it happened on."""
-    from autotune.machine.hardware import hostname
-
-    run, out, trial = two_nodes(
-        tmp_path, "remote-crash", "--model", "autotune.testing.workloads:crash", "--param",
-        "elsewhere=true", "--param", "after=2", "--param", "message=boom on the far node")
-    assert run.returncode == 1 and "internal error" not in run.stderr, run.stderr[-3000:]
-    reason = trial.reason or ""
-    assert trial.status == "error"
-    assert re.fullmatch(rf"rank \d: ValueError: boom on the far node \(on {hostname()}\)",
-                        reason), reason
-    assert "boom on the far node" in out  # the agent says it too
-
-
 def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_timeout(
         tmp_path: Path) -> None:
     """--launcher with a stand-in for srun that starts {cmd} twice on this machine; then the
@@ -221,8 +165,10 @@ def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_time
     assert trial.status == "ok" and len(trial.measurement.ranks) == 2
 
     started = time.monotonic()
-    alone = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--study",
-                     "alone", "--trial-timeout", "12s", "--trial-seconds", "5", cwd=tmp_path)
+    one = f"{sys.executable} -m autotune.testing.launcher 1 {{cmd}}"  # the second never comes
+    alone = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--launcher",
+                     one, "--study", "alone", "--trial-timeout", "12s", "--trial-seconds", "5",
+                     cwd=tmp_path)
     assert time.monotonic() - started < 90
     assert alone.returncode == 1  # nothing was measured: the one trial timed out
     (trial,) = read_trials(optuna.load_study(study_name="alone", storage=db))
@@ -244,7 +190,7 @@ def test_the_device_lock_excludes_across_processes_and_gpu_blocks_spread_workers
     assert gpu_blocks([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
     assert gpu_blocks([0, 1, 2], 4) == [[0, 1, 2]]
     assert free_block(gpu_blocks([0, 1, 2, 3], 2)) == [2, 3]  # A holds the first block
-    # What a tuner's trial and an agent's part of one take: that free block, made visible.
+    # What a trial takes: that free block, made visible.
     assert trial_devices("cuda", [0, 1, 2, 3], 2) == (
         ["gpu2", "gpu3"], [2, 3],
         {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
@@ -263,8 +209,9 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
     from autotune.tuner.options import node_problems
 
     cases = {
-        (2, None, None): "--nnodes 2 needs --rdzv-endpoint HOST:PORT",
-        (2, "node0", None): "--rdzv-endpoint 'node0' is not HOST:PORT",
+        (2, None, None): "--nnodes 2 needs an engine to start the other nodes: --executor slurm",
+        (2, None, "mpirun {cmd}"): "--nnodes 2 needs --rdzv-endpoint HOST:PORT",
+        (2, "node0", "mpirun {cmd}"): "--rdzv-endpoint 'node0' is not HOST:PORT",
         (1, "node0:29400", None): "pass --nnodes N (N > 1) too",
         (2, "n:1", "srun"): "has no {cmd}",
         (0, None, None): "--nnodes must be >= 1, got 0",
@@ -272,28 +219,20 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
     for args, message in cases.items():
         (problem,) = node_problems(*args)
         assert message in problem
+    assert node_problems(2, None, None, "slurm") == []  # the executor starts the nodes
     out = autotune("run", "--model", "mlp", "--trials", "1", "--nnodes", "2", cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in out.stderr
+    assert "--nnodes 2 needs an engine to start the other nodes" in out.stderr
     assert not (tmp_path / "studies").exists()  # refused before anything was created
-
-
-def test_an_agent_on_other_hardware_is_refused(tmp_path: Path) -> None:
-    """An agent's ranks would measure on another kind of machine: one line, exit 2."""
-    from autotune.machine.hardware import detect
-
-    db = f"sqlite:///{tmp_path}/study.db"
-    study = optuna.create_study(study_name="s", storage=db)
-    study.set_user_attr("fingerprint", {**detect().fingerprint(), "cpu_model": "Other CPU"})
-    out = autotune("agent", "--storage", db, "--study", "s", "--wait", "5s", cwd=tmp_path)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "study s was measured on other hardware (cpu_model: 'Other CPU'" in out.stderr
-    missing = autotune("agent", "--storage", db, "--study", "nope", "--wait", "1s", cwd=tmp_path)
-    assert missing.returncode == 2 and "no study 'nope'" in missing.stderr
-    # A study without a fingerprint was not made by `autotune run`: refused, not served.
-    optuna.create_study(study_name="bare", storage=db)
-    bare = autotune("agent", "--storage", db, "--study", "bare", "--wait", "1s", cwd=tmp_path)
-    assert bare.returncode == 2 and "has no hardware fingerprint" in bare.stderr
+    for args, message in {
+        ("--parallel", "2"): "--parallel 2: trials on one machine share its devices",
+        ("--executor", "pbs"): "--executor 'pbs' is not one of local, slurm",
+        ("--executor", "slurm", "--launcher", "srun {cmd}"): "drop --launcher and "
+                                                             "--rdzv-endpoint",
+    }.items():
+        out = autotune("run", "--model", "mlp", "--trials", "1", *args, cwd=tmp_path)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import subprocess
@@ -15,7 +14,7 @@ import psutil
 import pytest
 
 from autotune.config.knobs import Config
-from autotune.trial.launch import Nodes, execute, from_published, plan, published
+from autotune.trial.launch import Nodes, execute, plan
 from autotune.trial.measurement import classify
 from autotune.trial.result import check_result
 from autotune.trial.spec import MeasureSettings, TrialSpec
@@ -56,35 +55,23 @@ def test_plan_starts_ranks_through_torchrun_with_the_nccl_environment(tmp_path: 
     assert "torch.distributed.run" not in single.argv and "NCCL_ALGO" not in single.env
 
 
-def test_plan_across_nodes_uses_a_c10d_rendezvous_or_the_clusters_launcher(
-        tmp_path: Path) -> None:
+def test_plan_across_nodes_runs_torchrun_under_the_launcher_template(tmp_path: Path) -> None:
     config = Config(world_size=8, nccl_algo="Ring")
-    nodes = Nodes(count=2, endpoint="node0:29400")
+    launcher = "mpirun -np 2 --map-by node {cmd}"
     p = plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
-             workdir=tmp_path, timeout_s=60, nodes=nodes, rdzv_id="study-trials-0003")
-    assert p.argv[:9] == (sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-                          "--nproc-per-node=4", "--rdzv-backend=c10d",
-                          "--rdzv-endpoint=node0:29400", "--rdzv-id=study-trials-0003",
-                          "--max-restarts=0")
-    assert p.env["AUTOTUNE_REPORTING_NODE"] == "1"  # this node writes the result
-    # What another node's agent gets: the same ranks' command, its own files, not reporting.
-    doc = json.loads(json.dumps(published(p)))
-    assert str(tmp_path) not in json.dumps(doc) and doc["env"]["NCCL_ALGO"] == "Ring"
-    other = from_published(doc, tmp_path / "node1")
-    assert other.argv[3:9] == p.argv[3:9] and other.spec == p.spec
-    assert other.env["AUTOTUNE_REPORTING_NODE"] == "0"
-    assert other.result_path == str(tmp_path / "node1" / "result.json")
-    srun = plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
-                workdir=tmp_path, timeout_s=60, rdzv_id="study-trials-0003",
-                nodes=Nodes(2, "node0:29400",
-                                                       "srun --nodes 2 --ntasks-per-node 1 {cmd}"))
-    assert srun.argv[:2] == ("/bin/sh", "-c")
-    assert srun.argv[2].startswith("srun --nodes 2 --ntasks-per-node 1 ")
-    assert shlex.split(srun.argv[2])[5:] == list(p.argv)
-    assert "AUTOTUNE_REPORTING_NODE" not in srun.env  # rank 0 writes, on the shared file system
+             workdir=tmp_path, timeout_s=60, rdzv_id="study-trials-0003",
+             nodes=Nodes(2, "node0:29400", launcher))
+    assert p.argv[:2] == ("/bin/sh", "-c")
+    inner = shlex.split(p.argv[2])
+    assert inner[:5] == ["mpirun", "-np", "2", "--map-by", "node"]
+    assert inner[5:14] == [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                           "--nproc-per-node=4", "--rdzv-backend=c10d",
+                           "--rdzv-endpoint=node0:29400", "--rdzv-id=study-trials-0003",
+                           "--max-restarts=0"]
+    assert p.env["NCCL_ALGO"] == "Ring" and p.engine is None  # rank 0 writes, on a shared FS
     with pytest.raises(ValueError, match="8 ranks do not split over 3 nodes"):
         plan(TrialSpec(WorkloadSpec("bert", {}), config, device="cuda"),
-             workdir=tmp_path, timeout_s=60, nodes=Nodes(3, "node0:29400"))
+             workdir=tmp_path, timeout_s=60, nodes=Nodes(3, "node0:29400", launcher))
 
 
 def _run(tmp_path: Path, spec: str, timeout: float = 60, config: Config | None = None,

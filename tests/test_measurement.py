@@ -14,7 +14,7 @@ from autotune.trial.measurement import (
     classify,
     is_oom,
 )
-from autotune.trial.merge import first_failure, merge_ranks, node_cause, node_failure
+from autotune.trial.merge import first_failure, merge_ranks
 from autotune.trial.protocol import median_and_cv
 from autotune.trial.result import RESULT_SCHEMA, check_result
 
@@ -165,41 +165,6 @@ def test_the_first_rank_to_fail_is_the_cause() -> None:
     assert doc is not None and doc["status"] == "oom"
     assert doc["reason"] == "rank 1: CUDA out of memory"
     assert first_failure([]) is None
-
-
-def test_across_machines_the_first_failure_anywhere_is_the_cause() -> None:
-    """A trial across machines: this node's report and the agents' node_failure reports."""
-    here = {"schema": RESULT_SCHEMA, "rank": 0, "status": "error", "windows": [],
-            "peak_memory_bytes": 0, "reason": "rank 0: Connection closed by peer",
-            "failed_at": 10.4}
-    there = {**here, "rank": 1, "status": "oom", "reason": "rank 1: CUDA out of memory",
-             "failed_at": 10.0}
-    later = {**here, "rank": 2, "reason": "rank 2: Connection reset by peer", "failed_at": 10.6}
-    cause = node_cause(here, [{"doc": later, "host": "n2"}, {"doc": there, "host": "n1"}])
-    assert cause is not None and cause["status"] == "oom"
-    assert cause["reason"] == "rank 1: CUDA out of memory (on n1)"
-    m = classify(raw(returncode=1, result=cause))
-    assert m.status == "oom" and m.reason == "rank 1: CUDA out of memory (on n1)"
-    assert node_cause(here, [{"doc": {**there, "failed_at": 11.0}, "host": "n1"}]) is here
-    assert node_cause(here, []) is here
-    # A rank that died on another node wrote nothing: it outranks every written report.
-    died = node_cause(here, [{"death": {"status": "oom", "reason": "rank 1 was killed by SIGKILL"},
-                              "host": "n1"}])
-    assert died is not None and died["status"] == "oom"
-    assert died["reason"] == "rank 1 was killed by SIGKILL (on n1)" and died["rank"] == 0
-
-
-def test_an_agent_reports_its_nodes_failure_and_nothing_else() -> None:
-    failed = {"schema": RESULT_SCHEMA, "rank": 1, "status": "error", "reason": "rank 1: boom",
-              "failed_at": 3.0, "windows": [], "peak_memory_bytes": 0}
-    assert node_failure(raw(returncode=1, result=failed)) == {"doc": failed}
-    assert node_failure(raw(returncode=0, result=ok_doc())) is None
-    assert node_failure(raw(returncode=-15, stopped="the tuner ended the trial")) is None
-    assert node_failure(raw(returncode=-9, timed_out=True)) is None
-    death = node_failure(raw(returncode=-9))
-    assert death is not None and death["death"]["status"] == "oom"  # SIGKILL: the OOM killer
-    limit = node_failure(raw(returncode=-9, killed_for_memory=True, tree_peak_bytes=3 * 2**30))
-    assert limit is not None and limit["death"]["status"] == "oom"
 
 
 def _classify_echo(summary: str, reason: str) -> Measurement:

@@ -37,8 +37,8 @@ def test_every_problem_is_found_at_once() -> None:
         "two rounds), got 10, 3 and 1",
         "--nproc 3 asks for more ranks than the 2 CPU cores; ranks would share cores and time "
         "each other: pass --nproc <= 2",
-        "--nnodes 2 needs --rdzv-endpoint HOST:PORT, the address every node reaches the "
-        "rendezvous at (a free port on this machine, which hosts it)",
+        "--nnodes 2 needs an engine to start the other nodes: --executor slurm (inside an "
+        "sbatch allocation), or --launcher TEMPLATE with --rdzv-endpoint",
         "--memory-limit must be a size like 20GiB or a fraction like 0.8, got 'lots'",
     ]
     with pytest.raises(UsageError) as raised:
@@ -87,8 +87,10 @@ def test_defaults_the_machine_and_the_budget_decide() -> None:
     assert RunOptions().with_defaults(fake_gpus(4)).nproc == 4
     assert RunOptions(studies_dir=Path("x")).storage_url == "sqlite:///x/autotune.db"
     assert RunOptions().storage_url == options.DEFAULT_STORAGE
-    two = replace(RunOptions(nnodes=2, rdzv_endpoint="node0:29400"), nproc=4)
+    two = replace(RunOptions(nnodes=2, rdzv_endpoint="node0:29400", launcher="mpirun {cmd}"),
+                  nproc=4)
     assert two.world == 8 and two.nodes is not None and two.nodes.count == 2
+    assert replace(two, launcher=None, executor="slurm").nodes is None  # the executor's own
     assert RunOptions().nodes is None
 
 

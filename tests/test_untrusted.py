@@ -354,57 +354,6 @@ def test_lock_files_never_follow_a_symlink_to_someone_elses_file(
         fleet.lock_dir()
 
 
-def test_an_agent_runs_only_what_its_command_line_allows(tmp_path: Path) -> None:
-    """Anyone who can write the study can publish a node trial: `os:system` with a command,
-    a foreign env, foreign torchrun flags. The agent refuses each and runs nothing."""
-    import time
-
-    import optuna
-
-    from autotune.machine.hardware import detect
-    from autotune.tuner.agent import check_published
-    from autotune.tuner.fleet import NODE_TRIAL
-
-    marker = tmp_path / "ran"
-    good = {"id": "t1", "state": "running", "at": time.time(), "env": {"NCCL_ALGO": "Tree"},
-            "torchrun": ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                         "--rdzv-endpoint=127.0.0.1:29500", "--rdzv-id=s-t-0001",
-                         "--max-restarts=0"],
-            "spec": {"workload": {"spec": "mlp", "params": {}}}, "timeout_s": 60}
-    assert check_published(good, None) is None
-    evil = {**good, "spec": {"workload": {"spec": "os:system",
-                                          "params": {"command": f"touch {marker}"}}}}
-    assert "not built in" in (check_published(evil, None) or "")
-    assert check_published(evil, "os:system") is None  # the agent's own flag names it
-    assert "LD_PRELOAD" in (check_published({**good, "env": {"LD_PRELOAD": "x"}}, None) or "")
-    assert "torchrun flags" in (check_published(
-        {**good, "torchrun": ["--no-python"]}, None) or "")
-    # For real: the published trial is refused and nothing runs.
-    db = f"sqlite:///{tmp_path}/study.db"
-    study = optuna.create_study(study_name="s", storage=db)
-    study.set_user_attr("fingerprint", detect().fingerprint())
-    study.set_user_attr(NODE_TRIAL, {**evil, "at": time.time() + 5})
-    agent = subprocess.Popen([sys.executable, "-m", "autotune", "agent", "--storage", db,
-                              "--study", "s", "--wait", "5s"], cwd=tmp_path, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": str(_root())})
-    try:
-        deadline = time.monotonic() + 60
-        line = ""
-        while "not run" not in line and time.monotonic() < deadline:
-            line = agent.stdout.readline() if agent.stdout else ""
-            if not line and agent.poll() is not None:
-                break
-        assert "not run: workload 'os:system' is not built in" in line, line
-        study.set_user_attr(NODE_TRIAL, {"id": "t1", "state": "closed",
-                                         "at": time.time() + 10})
-        agent.wait(timeout=30)
-    finally:
-        agent.kill()
-        agent.wait()
-    assert not marker.exists()
-
-
 def test_bad_inputs_are_one_line_errors_not_internal_ones(tmp_path: Path) -> None:
     (tmp_path / "bin.yaml").write_bytes(bytes(range(256)) * 2)
     bad_profile = replace(make(), confirmation=None)

@@ -177,19 +177,16 @@ class Orphan(Tiny):
 @dataclass
 class Crash(Tiny):
     """Raises ``message`` in the training step, or dies from a signal with ``how="segfault"``.
-    With ``rank``, only that rank of a multi-rank trial fails, after ``after`` good micro-steps;
-    with ``elsewhere``, only ranks on a node other than the tuner's (a trial across machines)."""
+    With ``rank``, only that rank of a multi-rank trial fails, after ``after`` good micro-steps."""
 
     how: str = "raise"
     name: str = "crash"
     rank: int | None = None
     after: int = 0
     message: str = "this workload always fails in its training step"
-    elsewhere: bool = False
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        here = os.environ.get("AUTOTUNE_REPORTING_NODE") != "0"  # the tuner's node, or no nodes
-        if not _this_rank(self.rank) or (self.elsewhere and here) or self.after > 0:
+        if not _this_rank(self.rank) or self.after > 0:
             self.after -= 1
             return model(batch).pow(2).mean()
         if self.how == "segfault":
@@ -250,9 +247,8 @@ def hang(rank: int | None = None) -> Hang:
 
 
 def crash(how: str = "raise", rank: int | None = None, after: int = 0,
-          message: str = "this workload always fails in its training step",
-          elsewhere: bool = False) -> Crash:
-    return Crash(how=how, rank=rank, after=after, message=message, elsewhere=elsewhere)
+          message: str = "this workload always fails in its training step") -> Crash:
+    return Crash(how=how, rank=rank, after=after, message=message)
 
 
 def slowrank(rank: int = 1, extra_s: float = 0.02) -> SlowRank:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,31 +26,27 @@ from typing import Any, Protocol
 from autotune import bootstrap
 from autotune.bootstrap import TRIAL
 from autotune.paths import import_root
+from autotune.trial import executors, processes
 from autotune.trial.command import clear
 from autotune.trial.driver import StepDriver
+from autotune.trial.executors.relay import Relay
 from autotune.trial.measurement import RawResult
 from autotune.trial.memory import TreeMemory
 from autotune.trial.merge import first_failure
 from autotune.trial.output import CappedLog
-from autotune.trial.plans import (
-    Nodes,
-    Published,
-    TrialPlan,
-    from_published,
-    plan,
-    plan_command,
-    published,
-)
+from autotune.trial.plans import Nodes, TrialPlan, plan, plan_command
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
 from autotune.trial.progress import forward, measured_span, read_events, read_windows
 from autotune.trial.result import TrialResultDoc
 from autotune.trial.spec import TrialSpec
 
 # What the tuner calls here: the plan (``trial.plans``), its execution, the probe's tools.
-__all__ = ["Monitor", "Nodes", "Published", "RawResult", "TrialPlan", "execute", "from_published",
-           "measured_span", "plan", "plan_command", "published", "run_tool"]
+__all__ = ["Monitor", "Nodes", "RawResult", "TrialPlan", "execute", "measured_span", "plan",
+           "plan_command", "run_tool"]
 
 STDERR_TAIL_BYTES = 8000
+# How long an engine's client (srun) may take to end once its trial was ended through the engine.
+ENGINE_END_WAIT_S = 20.0
 
 
 class Monitor(Protocol):
@@ -73,26 +70,31 @@ class _Watch:
 
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
             poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None,
-            monitor: Monitor | None = None) -> RawResult:
+            monitor: Monitor | None = None,
+            interrupt: threading.Event | None = None) -> RawResult:
     """Run a planned trial to its end, its timeout or its memory limit; returns what was seen.
 
     ``should_stop`` is asked after the trial's progress events are forwarded; a reason it returns
     ends the trial (pruning) and comes back as ``stopped``. KeyboardInterrupt kills the trial's
-    process group and comes back as ``interrupted``. A ``monitor`` samples the GPUs while the
-    trial runs; its summary over the timed windows comes back as ``gpu``.
+    process group and comes back as ``interrupted``, as does ``interrupt`` being set (how a
+    run with trials side by side, in threads, passes Ctrl-C on). A ``monitor`` samples the GPUs
+    while the trial runs; its summary over the timed windows comes back as ``gpu``.
     """
     env = _prepare(p)
     start = time.monotonic()
     watch = _Watch()
     if monitor is not None:
         monitor.start()
-    proc, output = _start(p, env)
+    proc, output, relay = _start(p, env)
     # On GPUs the trial reports its device memory; the host's is not what the limit is about.
-    memory = TreeMemory(proc.pid, p.memory_limit_bytes) if p.device == "cpu" else None
+    # An engine's trial runs on its nodes: the engine bounds their memory.
+    memory = TreeMemory(proc.pid, p.memory_limit_bytes) \
+        if p.device == "cpu" and p.engine is None else None
     tree = Tree(proc.pid)
     driver = _driver(p)
     try:
-        _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree, driver)
+        _follow(p, proc, start, memory, watch, on_event, should_stop, poll_s, tree, driver,
+                interrupt)
         if driver is not None and watch.timed_out and driver.stopping:
             # Measured, and stopping when the trial timeout came: the result stands.
             watch.timed_out = False
@@ -104,6 +106,8 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         watch.interrupted = True
     finally:
         tree.look()  # before the kill: parent links are lost once the leader dies
+        if p.engine is not None:
+            _end_engine(p, proc)
         kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
         # Reap before wait(): until then the leader's pid (the group id) cannot be reused
         # by an unrelated process that the group match would then kill.
@@ -111,8 +115,14 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         # What left the group and dropped the token (setsid, a cleared environment).
         tree.kill()
         proc.wait()
+        processes.finished(proc.pid)
         samples = monitor.stop() if monitor is not None else []
         data = output.close()
+        if relay is not None:
+            relay.close()
+            if relay.refused:
+                data += (f"\nautotune: {relay.refused} line(s) the trial's nodes sent back were "
+                         "not well-formed records and were left out\n").encode()
     if on_event is not None:
         forward(p.progress_path, watch.seen, on_event)
     folder = Path(p.spec_path).parent
@@ -139,20 +149,39 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     )
 
 
-def _start(p: TrialPlan, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], CappedLog]:
+def _start(p: TrialPlan, env: dict[str, str]
+           ) -> tuple[subprocess.Popen[bytes], CappedLog, Relay | None]:
     """The trial's process, in a session of its own, its output (stdout and stderr together)
     going to its log through a ``CappedLog``: kept in memory as well as in the file (the trial's
-    folder may be deleted under it), and within a size."""
+    folder may be deleted under it), and within a size. An engine's client keeps its stdout
+    for what the trial's nodes send back (``Relay``)."""
     output = CappedLog(p.stderr_path)
     try:
-        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL, stdout=output.fd,
+        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE if p.engine else output.fd,
                                 stderr=output.fd, start_new_session=True)
     except BaseException:
         output.started()
         output.close()
         raise
     output.started()  # the trial holds the write end now
-    return proc, output
+    processes.started(proc.pid)
+    relay = Relay(proc.stdout, p.result_path, p.progress_path) \
+        if p.engine and proc.stdout is not None else None
+    return proc, output, relay
+
+
+def _end_engine(p: TrialPlan, proc: subprocess.Popen[bytes]) -> None:
+    """End an engine's trial through the engine (``executors.end``: a Slurm step is
+    cancelled), and its client with SIGTERM, which it passes on to the trial's nodes; wait for
+    the client to see its nodes' parts end before anything is killed here."""
+    if proc.poll() is not None:
+        return
+    executors.end(p)
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(ENGINE_END_WAIT_S)
 
 
 def _driver(p: TrialPlan) -> StepDriver | None:
@@ -191,12 +220,15 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             memory: TreeMemory | None, watch: _Watch,
             on_event: Callable[[dict[str, Any]], None] | None,
             should_stop: Callable[[], str | None] | None, poll_s: float,
-            tree: Tree | None = None, driver: StepDriver | None = None) -> None:
+            tree: Tree | None = None, driver: StepDriver | None = None,
+            interrupt: threading.Event | None = None) -> None:
     """Until the trial ends: enforce the timeout and the memory limit, forward its progress
     events, note its process tree four times a second, and end it when ``should_stop`` gives
     a reason, or, for a script, when its ``driver`` is done with it."""
     next_sample = next_look = 0.0
     while proc.poll() is None:
+        if interrupt is not None and interrupt.is_set():
+            raise KeyboardInterrupt
         now = time.monotonic()
         if tree is not None and now >= next_look:
             next_look = now + 0.25

@@ -1,29 +1,11 @@
 """Several ranks, one outcome: the result a trial of several ranks reports (the slowest rank's
-pace counts), and which rank's failure caused the others' (on this node, or, for a trial across
-machines, on another one)."""
+pace counts), and which rank's failure caused the others' (on whichever node it happened: a
+cluster engine's trial relays every node's rank reports to the tuner)."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
-
-from autotune.trial.measurement import RawResult, classify
 from autotune.trial.protocol import WindowStats
 from autotune.trial.result import RankSummary, TrialResultDoc
-
-
-class Death(TypedDict):
-    """A rank that died without a report, as classified on its node."""
-
-    status: str
-    reason: str | None
-
-
-class NodeFailure(TypedDict, total=False):
-    """What an agent publishes of its node's failed part of a trial: its first failed rank's
-    report, or the death of a rank that wrote none."""
-
-    doc: TrialResultDoc
-    death: Death
 
 
 def merge_ranks(docs: list[TrialResultDoc]) -> TrialResultDoc:
@@ -90,38 +72,3 @@ def first_failure(docs: list[TrialResultDoc]) -> TrialResultDoc | None:
     doc = min(failed, key=lambda d: d["failed_at"]).copy()
     doc["reason"] = f"rank {doc.get('rank')}: {doc.get('reason')}"
     return doc
-
-
-def node_failure(raw: RawResult, device: str = "cpu") -> NodeFailure | None:
-    """What ``autotune agent`` publishes of its node's part of a trial across machines when it
-    failed: the report of its first failed rank (``doc``), or, for a rank that died without
-    writing one (a signal, the memory limit), the classified death (``death``). None when the
-    part ran through or was ended from outside (the tuner, a timeout, Ctrl-C)."""
-    if raw.stopped or raw.interrupted or raw.timed_out:
-        return None
-    if isinstance(raw.result, dict) and "failed_at" in raw.result:
-        return {"doc": raw.result}
-    if raw.returncode in (0, None) and not raw.killed_for_memory:
-        return None
-    m = classify(raw, device)
-    return {"death": {"status": m.status, "reason": m.reason}} if m.status != "ok" else None
-
-
-def node_cause(local: TrialResultDoc | None,
-               reports: list[dict[str, Any]]) -> TrialResultDoc | None:
-    """The report that names the cause of a failed trial across machines, from this node's
-    (``local``: its first failed rank's report) and the other nodes' agents' ``node_failure``
-    reports (with their ``host``). A rank that died on another node without a report outranks
-    every written one, as on one machine; else the earliest failure, wherever it happened: the
-    other ranks' errors (a peer closing the connection) are its consequences."""
-    for r in reports:
-        death = r.get("death")
-        if death and local is not None:
-            return {**local, "status": death["status"],
-                    "reason": f"{death['reason']} (on {r.get('host')})"}
-    docs: list[TrialResultDoc] = [
-        {**r["doc"], "reason": f"{r['doc'].get('reason')} (on {r.get('host')})"}
-        for r in reports if isinstance(r.get("doc"), dict) and "failed_at" in r["doc"]]
-    if local is not None and "failed_at" in local:
-        docs.append(local)
-    return min(docs, key=lambda d: float(d["failed_at"])) if docs else local

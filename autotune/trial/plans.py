@@ -3,9 +3,9 @@
 Pure: tests assert on a plan without starting anything. A one-rank trial is one process
 (``python -m autotune.trial.bench``); a trial of N ranks is torchrun with a standalone rendezvous (a
 c10d store on a free port) starting N such processes, nccl on CUDA and gloo on CPU; a trial
-across machines meets at a c10d endpoint, its other nodes started by ``autotune agent`` from what
-``published`` gives them, or by a cluster launcher. A script's trial runs the user's command as
-typed (``plan_command``).
+across machines meets at a c10d endpoint, its nodes started by a cluster launcher template, or
+by an executor (``trial.executors``: Slurm job steps, Ray tasks), which turns this machine's plan
+into its engine's. A script's trial runs the user's command as typed (``plan_command``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from autotune.bootstrap import MODE_ENV, TRIAL, trainer_env
 from autotune.bootstrap.memory import LIMIT_ENV
@@ -25,24 +25,17 @@ from autotune.trial.command import Command, command_env
 from autotune.trial.processes import TRIAL_TOKEN, new_token
 from autotune.trial.spec import TrialSpec
 
-# Which node's ranks write the result and progress files in a trial across machines: "1" on the
-# tuner's node, "0" on the others (started by `autotune agent`); unset, global rank 0 does.
-REPORTING_NODE = "AUTOTUNE_REPORTING_NODE"
-
 
 @dataclass(frozen=True)
 class Nodes:
-    """A trial across machines: ``count`` nodes meet at the c10d rendezvous ``endpoint``.
-
-    Without a ``template`` the tuner starts its own node's torchrun agent and the other nodes'
-    agents are started by ``autotune agent`` processes there, which read the trial from the
-    study. With one, the template (a cluster launcher such as ``srun ... {cmd}``) starts the
-    torchrun agent on every node; the trial's files must then be on a file system all nodes
-    share, since global rank 0 writes the result wherever it runs."""
+    """A trial across machines started by a launcher ``template`` (``--launcher``, such as
+    ``mpirun ... {cmd}``), which starts the torchrun agent on every node; the ``count`` nodes
+    meet at the c10d rendezvous ``endpoint``. The trial's files must be on a file system all
+    nodes share, since global rank 0 writes the result wherever it runs."""
 
     count: int
     endpoint: str
-    template: str | None = None
+    template: str
 
 
 @dataclass(frozen=True)
@@ -62,18 +55,10 @@ class TrialPlan:
     rdzv_id: str | None = None  # the rendezvous of a trial across machines
     script: str | None = None  # the user's script a command trial runs (``trial.command``)
     profile: str | None = None  # the candidate profile's YAML, for a command trial to load
-
-
-class Published(TypedDict):
-    """What another node's agent reads of a trial across machines (``published``)."""
-
-    id: str | None
-    spec: dict[str, Any]  # TrialSpec.to_json()
-    torchrun: list[str]
-    env: dict[str, str]
-    timeout_s: float
-    memory_limit_bytes: int | None
-    device: str
+    # An executor's trial (``trial.executors``): the engine that runs it (its client is the
+    # process ``execute`` starts; the results come back on its stdout) and the trial's name there.
+    engine: str | None = None
+    step: str | None = None
 
 
 def _files(workdir: Path) -> dict[str, str]:
@@ -116,8 +101,6 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
                     f"--nproc-per-node={config.world_size // nodes.count}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.endpoint}",
                     f"--rdzv-id={rdzv_id or 'autotune'}", "--max-restarts=0")
-        if nodes.template is None:
-            env[REPORTING_NODE] = "1"
     elif config.world_size == 1:
         # A tuner started inside a distributed job (torchrun, a Kubeflow pod) must not hand its
         # own rank variables to a one-rank trial: it would join that job's process group.
@@ -129,7 +112,7 @@ def plan(spec: TrialSpec, *, workdir: Path, timeout_s: float, python: str = sys.
         torchrun = ("--standalone", f"--nproc-per-node={config.world_size}", "--max-restarts=0")
     argv: tuple[str, ...] = (python, *(("-m", "torch.distributed.run", *torchrun)
                                        if torchrun else ()), *bench)
-    if nodes is not None and nodes.template is not None:
+    if nodes is not None:
         # The launcher gets the trial's environment; srun passes it on to every node's task.
         argv = ("/bin/sh", "-c", nodes.template.replace("{cmd}", shlex.join(argv)))
     return TrialPlan(argv=argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),
@@ -165,31 +148,3 @@ def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s:
                      progress_path=files["progress"], stderr_path=files["stderr"],
                      memory_limit_bytes=spec.memory_limit_bytes if spec.device == "cpu" else None,
                      device=spec.device, script=command.name, profile=profile)
-
-
-def published(p: TrialPlan) -> Published:
-    """What another node's ``autotune agent`` needs to start its part of a trial across
-    machines: the trial's spec, its environment and torchrun's flags (no paths: the agent
-    writes its own files)."""
-    local = (TRIAL_TOKEN, REPORTING_NODE, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-    return {"id": p.rdzv_id, "spec": p.spec, "torchrun": list(p.torchrun),
-            "env": {k: v for k, v in p.env.items() if k not in local},
-            "timeout_s": p.timeout_s, "memory_limit_bytes": p.memory_limit_bytes,
-            "device": p.device}
-
-
-def from_published(doc: Mapping[str, Any], workdir: Path, python: str = sys.executable,
-                   extra_env: Mapping[str, str] | None = None) -> TrialPlan:
-    """This node's part of a published trial: the same ranks' command, files in ``workdir``,
-    and not the reporting node."""
-    files = _files(workdir)
-    env = {**doc["env"], **dict(extra_env or {}), REPORTING_NODE: "0",
-           TRIAL_TOKEN: new_token(files["result"])}
-    argv = (python, "-m", "torch.distributed.run", *doc["torchrun"], "-m", "autotune.trial.bench",
-            files["spec"], files["result"], files["progress"])
-    return TrialPlan(argv=argv, env=env, timeout_s=float(doc["timeout_s"]), spec=doc["spec"],
-                     spec_path=files["spec"], result_path=files["result"],
-                     progress_path=files["progress"], stderr_path=files["stderr"],
-                     memory_limit_bytes=doc.get("memory_limit_bytes"),
-                     device=doc.get("device", "cpu"), torchrun=tuple(doc["torchrun"]),
-                     rdzv_id=doc["id"])

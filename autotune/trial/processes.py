@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 
 import psutil
@@ -89,13 +90,34 @@ def adopt_orphans(on: bool = True) -> bool:
         return False
 
 
+# The trial roots this process started and has not yet waited for: with trials side by side (a
+# cluster engine's slots, in threads) another trial's root is a new child here too, and must not
+# be taken for this trial's adopted orphan.
+_ROOTS: set[int] = set()
+_ROOTS_LOCK = threading.Lock()
+
+
+def started(pid: int) -> None:
+    """Note a trial's root process, started by this process."""
+    with _ROOTS_LOCK:
+        _ROOTS.add(pid)
+
+
+def finished(pid: int) -> None:
+    with _ROOTS_LOCK:
+        _ROOTS.discard(pid)
+
+
 def _children() -> dict[int, float]:
-    """This process's own children now (pid -> start time)."""
+    """This process's own children now (pid -> start time), but other trials' roots."""
     out = {}
+    with _ROOTS_LOCK:
+        roots = set(_ROOTS)
     with contextlib.suppress(psutil.Error):
         for q in psutil.Process().children():
             with contextlib.suppress(psutil.Error):
-                out[q.pid] = q.create_time()
+                if q.pid not in roots:
+                    out[q.pid] = q.create_time()
     return out
 
 

@@ -1,16 +1,12 @@
-"""What lets several tuners share one study and one machine, and one trial span machines.
+"""What lets several tuners share one study and one machine.
 
 Workers of a fleet (``autotune run --storage postgresql://...`` on several machines, or several
 on one) coordinate only through the study's storage (the study lock is in ``storage.py``) and, on
-one machine, through lock files:
-
-- The **device lock** keeps two workers on one machine from measuring on the same devices at the
-  same time, which would corrupt both measurements: one ``flock`` per device (the CPU, each GPU by
-  its NVML index) in a directory every user of the machine shares, taken in a fixed order.
-- The **node protocol** of a trial across machines without a cluster launcher: the tuner
-  publishes the trial on the study (``node_trial``), each other node's ``autotune agent`` starts
-  its part and says how it ended (``node_report:HOST:PID``), and the tuner reads those reports
-  when its trial failed, since the rank that failed may be on another machine.
+one machine, through the **device lock**: it keeps two workers on one machine from measuring on
+the same devices at the same time, which would corrupt both measurements: one ``flock`` per
+device (the CPU, each GPU by its NVML index) in a directory every user of the machine shares,
+taken in a fixed order. The storage is the record of the study, never a way to start processes:
+trials across machines run on a cluster engine (``trial.executors``).
 """
 
 from __future__ import annotations
@@ -22,18 +18,9 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
-import optuna
-
 from autotune.errors import UsageError
-from autotune.trial import launch
-from autotune.trial.launch import Nodes, TrialPlan
-from autotune.trial.measurement import RawResult
-from autotune.trial.merge import node_cause
-from autotune.tuner import record
-from autotune.tuner.record import NODE_TRIAL
 from autotune.tuner.storage import open_lock_file
 
 LOCK_POLL_S = 0.2
@@ -166,61 +153,3 @@ def trial_devices(device: str, visible: list[int],
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, indices)),
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     return [f"gpu{i}" for i in indices], indices, env
-
-
-# -- trials across machines ----------------------------------------------------------------------
-
-# NODE_TRIAL: the study attribute through which other nodes' agents join trials; NODE_REPORT:
-# the prefix of the attributes where agents say how their part ended.
-NODE_REPORT_WAIT_S = 10.0  # how long a failed trial across machines waits for those reports
-
-
-def by_agents(nodes: Nodes | None) -> bool:
-    """Whether a trial's other nodes are started by ``autotune agent`` (no cluster launcher)."""
-    return nodes is not None and nodes.template is None
-
-
-@contextlib.contextmanager
-def published(study: optuna.Study, p: TrialPlan, nodes: Nodes | None) -> Iterator[None]:
-    """For a trial across machines without a cluster launcher: publish it on the study while
-    it runs, for the other nodes' ``autotune agent`` to start their part (tuner.agent)."""
-    if not by_agents(nodes):
-        yield
-        return
-    study.set_user_attr(NODE_TRIAL, {**launch.published(p), "state": "running",
-                                     "at": time.time()})
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            study.set_user_attr(NODE_TRIAL, {"id": p.rdzv_id, "state": "done", "at": time.time()})
-
-
-def with_other_nodes(study: optuna.Study, p: TrialPlan, raw: RawResult,
-                     nodes: Nodes | None) -> RawResult:
-    """A failed trial across machines started by agents, with its cause found on whichever
-    node it happened: this node's ranks often only see a peer close the connection, while the
-    rank that failed wrote its report on another machine. Its agent publishes that on the study
-    (tuner.agent); this waits up to NODE_REPORT_WAIT_S for every agent's word."""
-    local = raw.result
-    failed = local is None or "failed_at" in local
-    if nodes is None or not by_agents(nodes) or not failed or raw.interrupted or raw.stopped \
-            or raw.timed_out or raw.killed_for_memory:
-        return raw
-    deadline = time.monotonic() + NODE_REPORT_WAIT_S
-    while True:
-        reports = [v for v in record.node_reports(study)  # read anew from the storage
-                   if isinstance(v, dict) and v.get("id") == p.rdzv_id]
-        if len(reports) >= nodes.count - 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    cause = node_cause(local, [{**r["failure"], "host": r.get("host")} for r in reports
-                               if isinstance(r.get("failure"), dict)])
-    return raw if cause is local else replace(raw, result=cause)
-
-
-def close_nodes(study: optuna.Study, nodes: Nodes | None) -> None:
-    """Tell the other nodes' agents that this run has ended."""
-    if by_agents(nodes):
-        with contextlib.suppress(Exception):
-            study.set_user_attr(NODE_TRIAL, {"id": None, "state": "closed", "at": time.time()})

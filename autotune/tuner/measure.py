@@ -1,12 +1,14 @@
 """Measuring one config, from the tuner's side: hold this machine's devices, plan the trial, run
-it (published to other nodes' agents when it spans machines), watch its GPUs, classify what came
-back and add its efficiency figures. Search trials, the confirmation's rounds and nothing else go
-through here."""
+it (here, or through a cluster engine's executor on its slot's nodes), watch its GPUs, classify
+what came back and add its efficiency figures. Search trials, the confirmation's rounds and
+nothing else go through here."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from autotune.profile import Profile
 from autotune.profile.documents import ProbeDoc
 from autotune.trial import launch
 from autotune.trial.command import Command
+from autotune.trial.executors import Executor
 from autotune.trial.launch import Nodes
 from autotune.trial.measurement import Measurement, classify
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
@@ -39,7 +42,8 @@ def compile_cache(workdir: Path) -> Path:
 @dataclass
 class Measurer:
     """What every trial of a run shares: the machine, the workload, the ranks, the memory
-    limit, the study (for its FLOPs figure and the node protocol) and the probe's peaks."""
+    limit, the study (for its FLOPs figure) and the probe's peaks; with an ``executor``, the
+    slot of the engine's nodes its trials run on."""
 
     hw: Hardware
     workload: WorkloadSpec
@@ -53,12 +57,24 @@ class Measurer:
     command: Command | None = None  # the user's script, run as each trial (autotune run -- CMD)
     probe: ProbeDoc | None = None  # the probe's summary, once the run has read it
     held: dict[str, Any] = field(default_factory=dict)  # devices and span of the last trial
+    executor: Executor | None = None  # a cluster engine (``trial.executors``); None: here
+    slot: int = 0  # which of the executor's node sets this measurer's trials take
+    interrupt: threading.Event | None = None  # set: end the trial as Ctrl-C would (threads)
 
     @contextlib.contextmanager
     def devices(self) -> Iterator[tuple[list[int], dict[str, str]]]:
         """Hold this machine's devices for one trial: the CPU, or a free block of ``nproc``
         GPUs (with CUDA_VISIBLE_DEVICES set to it when the worker was not given one). Yields
-        the GPUs' NVML indices and the environment the trial needs."""
+        the GPUs' NVML indices and the environment the trial needs. On a cluster engine the
+        engine binds the devices of its nodes: nothing is held here."""
+        if self.executor is not None:
+            self.held = {"devices": [f"{self.executor.name} slot {self.slot}"], "waited_s": 0.0,
+                         "start": time.time()}
+            try:
+                yield [], {}
+            finally:
+                self.held["end"] = time.time()
+            return
         names, indices, env = fleet.trial_devices(self.hw.device,
                                                   [g.index for g in self.hw.gpus], self.nproc)
         lock = fleet.DeviceLock(names, self.owner)
@@ -106,13 +122,15 @@ class Measurer:
                                 nodes=self.nodes,
                                 rdzv_id=f"{self.study.study_name}-{workdir.parent.name}-"
                                         f"{workdir.name}")
-            monitor = GpuMonitor(gpus) if self.hw.device == "cuda" else None
-            with fleet.published(self.study, p, self.nodes):
-                raw = launch.execute(
-                    p, on_event=event, monitor=monitor,
-                    should_stop=(lambda: prune_reason(rates, prune_below))
-                    if prune_below else None)
-            m = classify(fleet.with_other_nodes(self.study, p, raw, self.nodes), self.hw.device)
+                if self.executor is not None:
+                    p = self.executor.plan(p, self.slot, f"{workdir.parent.name}-{workdir.name}",
+                                           zlib.crc32(str(workdir).encode()))
+            # The GPUs of an engine's nodes are not this machine's to watch.
+            monitor = GpuMonitor(gpus) if self.hw.device == "cuda" and gpus else None
+            raw = launch.execute(p, on_event=event, monitor=monitor,
+                                 should_stop=(lambda: prune_reason(rates, prune_below))
+                                 if prune_below else None, interrupt=self.interrupt)
+            m = classify(raw, self.hw.device)
         if not flops and m.flops_source == COUNTED:
             # Counted once per study; every later trial is measured against the same figure.
             self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,

@@ -83,13 +83,19 @@ class RunOptions:
         "Ranks per trial, started through torchrun (nccl on GPUs, gloo on CPU) (default: one per "
         "visible GPU, 1 on CPU)"))
     nnodes: int = option(1, "--nnodes", help=(
-        "Machines per trial, each running --nproc ranks, meeting at torchrun's c10d rendezvous "
-        "(--rdzv-endpoint); the other machines run `autotune agent`, or --launcher starts them"))
+        "Machines per trial, each running --nproc ranks, meeting at torchrun's c10d rendezvous; "
+        "started by --executor slurm, or by a --launcher template"))
+    executor: str = option("local", "--executor", help=(
+        "Where trials run: local (this machine) or slurm (job steps inside an sbatch/salloc "
+        "allocation)"))
+    parallel: int | None = option(None, "--parallel", help=(
+        "Trials at a time on --executor slurm, each on its own nodes (default: as many as "
+        "fit)"))
     rdzv_endpoint: str | None = option(None, "--rdzv-endpoint", help=(
-        "HOST:PORT of the rendezvous of trials across machines (with --nnodes)"))
+        "HOST:PORT of the rendezvous of trials across machines (with --launcher)"))
     launcher: str | None = option(None, "--launcher", help=(
-        "Cluster launcher template that starts {cmd} (torchrun) on every node of a trial, e.g. "
-        "'srun --nodes 2 --ntasks-per-node 1 {cmd}' (with --nnodes)"))
+        "Launcher template that starts {cmd} (torchrun) on every node of a trial, for engines "
+        "other than Slurm, e.g. 'mpirun -np 2 --map-by node {cmd}' (with --nnodes)"))
     global_batch: int | None = option(None, "--global-batch", help=(
         "Keep micro-batch x accumulation x ranks at this many samples per optimizer step "
         "(accumulation is derived), so tuning never changes the training semantics"))
@@ -156,7 +162,7 @@ class RunOptions:
     @property
     def nodes(self) -> Nodes | None:
         """The multi-node launch of a checked run with --nnodes > 1; None on one node."""
-        if self.nnodes == 1 or self.rdzv_endpoint is None:
+        if self.nnodes == 1 or self.rdzv_endpoint is None or self.launcher is None:
             return None
         return Nodes(count=self.nnodes, endpoint=self.rdzv_endpoint, template=self.launcher)
 
@@ -176,7 +182,8 @@ def problems(opts: RunOptions, hw: Hardware) -> list[str]:
     found += _measuring_problems(opts)
     found += _command_problems(opts)
     found += _rank_problems(opts, hw)
-    found += node_problems(opts.nnodes, opts.rdzv_endpoint, opts.launcher)
+    found += node_problems(opts.nnodes, opts.rdzv_endpoint, opts.launcher, opts.executor)
+    found += executor_problems(opts)
     nproc = opts.nproc if opts.nproc is not None else default_nproc(hw)
     if opts.global_batch is not None and nproc >= 1 and opts.nnodes >= 1:
         try:
@@ -229,6 +236,9 @@ def _command_problems(opts: RunOptions) -> list[str]:
     if opts.nnodes != 1:
         found.append(f"--nnodes {opts.nnodes}: a script's trials run on this machine only; "
                      "drop --nnodes")
+    if opts.executor != "local":
+        found.append(f"--executor {opts.executor}: a script's trials run on this machine only; "
+                     "drop --executor")
     if opts.model != RunOptions.model:
         found.append(f"--model {opts.model} and a command after --: tune one of them")
     if opts.address_space_bytes:
@@ -252,10 +262,34 @@ def _rank_problems(opts: RunOptions, hw: Hardware) -> list[str]:
     return []
 
 
-def node_problems(nnodes: int, endpoint: str | None, template: str | None) -> list[str]:
+def executor_problems(opts: RunOptions) -> list[str]:
+    """What is wrong with --executor/--parallel, if anything (what the allocation holds is
+    checked when the executor starts)."""
+    from autotune.trial.executors import EXECUTORS
+
+    if opts.executor not in EXECUTORS:
+        return [f"--executor {opts.executor!r} is not one of {', '.join(EXECUTORS)}"]
+    if opts.parallel is not None and opts.parallel < 1:
+        return [f"--parallel must be >= 1, got {opts.parallel}"]
+    if opts.executor == "local":
+        if opts.parallel not in (None, 1):
+            return [f"--parallel {opts.parallel}: trials on one machine share its devices and "
+                    "run one at a time; pass --executor slurm, or run a fleet of workers "
+                    "(docs/clusters.md)"]
+        return []
+    if opts.launcher is not None or opts.rdzv_endpoint is not None:
+        return [f"--executor {opts.executor} starts every node of a trial and picks its "
+                "rendezvous: drop --launcher and --rdzv-endpoint"]
+    return []
+
+
+def node_problems(nnodes: int, endpoint: str | None, template: str | None,
+                  executor: str = "local") -> list[str]:
     """What is wrong with --nnodes/--rdzv-endpoint/--launcher, if anything."""
     if nnodes < 1:
         return [f"--nnodes must be >= 1, got {nnodes}"]
+    if executor != "local":
+        return []
     if template is not None and "{cmd}" not in template:
         return [f"--launcher {template!r} has no {{cmd}}: the launcher runs {{cmd}} on each "
                 "node, e.g. --launcher 'srun --nodes 2 --ntasks-per-node 1 {cmd}'"]
@@ -264,6 +298,9 @@ def node_problems(nnodes: int, endpoint: str | None, template: str | None) -> li
             return ["--rdzv-endpoint and --launcher are for trials across machines: pass "
                     "--nnodes N (N > 1) too"]
         return []
+    if template is None:
+        return [f"--nnodes {nnodes} needs an engine to start the other nodes: --executor slurm "
+                "(inside an sbatch allocation), or --launcher TEMPLATE with --rdzv-endpoint"]
     if endpoint is None:
         return [f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the address every node "
                 "reaches the rendezvous at (a free port on this machine, which hosts it)"]

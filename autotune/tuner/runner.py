@@ -13,6 +13,7 @@ each trial's measuring budget), confirm (the winner and export).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +28,10 @@ from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.paths import study_folder
 from autotune.trial.command import parse_command
+from autotune.trial.executors import Executor, start_executor
 from autotune.tuner import (
     claims,
     confirm,
-    fleet,
     options,
     record,
     stages,
@@ -39,6 +40,7 @@ from autotune.tuner import (
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.measure import Measurer
 from autotune.tuner.options import RunOptions
+from autotune.tuner.parallel import SerialReporter, run_slots
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
 from autotune.tuner.results import diagnose_record
 from autotune.tuner.search import (
@@ -91,6 +93,11 @@ class Runner(TrialSteps):
         self.storage_url = opts.storage_url
         self.study_name = opts.study_name or default_name(self.workload_name,
                                                           self.workload_spec, self.space, hw)
+        self._slot = threading.local()  # a slot thread's own measurer (``tuner.parallel``)
+        # Where trials run (None: here); an allocation that cannot hold a trial is said now,
+        # before anything is written.
+        self.executor: Executor | None = start_executor(
+            opts.executor, opts.nnodes, opts.nproc or 1, opts.parallel, self.study_name)
         self.out_dir = opts.out_dir or study_folder(opts.studies_dir, self.study_name)
         options.check_out_dir(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
@@ -111,7 +118,8 @@ class Runner(TrialSteps):
             owner=f"autotune pid {process_identity()['pid']} on {hostname()}, "
                   f"study {self.study_name}",
             on_wait=lambda line: self.reporter.note(line),
-            address_space_bytes=opts.address_space_bytes, command=self.command)
+            address_space_bytes=opts.address_space_bytes, command=self.command,
+            executor=self.executor)
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
         unapplied = record.read_facts(self.study).unapplied
         self.space = self.space.fix(dict(unapplied or {}), self.baseline)
@@ -128,14 +136,14 @@ class Runner(TrialSteps):
             self.budget_text(), len(self._read().measured), self.out_dir,
             self.opts.trials, self.opts.timeout_s))
         deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
+        self._start_executor()
         self._probe_machine()
-        interrupted, stop_reason = self._trials(deadline)
+        interrupted, stop_reason = self._slot_trials(deadline)
         if not interrupted:
             try:
                 self._confirm(deadline)
             except KeyboardInterrupt:
                 interrupted, stop_reason = True, "interrupted during confirmation"
-        fleet.close_nodes(self.study, self.opts.nodes)
         summary = self._summary(time.monotonic() - start, interrupted, stop_reason)
         self.reporter.finished(summary)
         if interrupted:
@@ -143,6 +151,38 @@ class Runner(TrialSteps):
                               f"{storage.redact(self.storage_url)}: run the same command to "
                               "resume")
         return summary
+
+    @property
+    def measurer(self) -> Measurer:
+        """This thread's measurer: a slot's own while trials run side by side."""
+        return getattr(self._slot, "measurer", None) or self._measurer
+
+    @measurer.setter
+    def measurer(self, m: Measurer) -> None:
+        self._measurer = m
+
+    def _start_executor(self) -> None:
+        """Say where trials run, and end what a killed earlier driver of this study left
+        running on the engine (its trials were found dead and are measured again)."""
+        if self.executor is None:
+            return
+        self.reporter.note(f"trials run as {self.executor.describe()}")
+        ended = self.executor.clean()
+        if ended:
+            self.reporter.note(f"ended {len(ended)} trial(s) an earlier run of this study left "
+                               f"running on {self.executor.name}: {', '.join(ended)}")
+
+    def _slot_trials(self, deadline: float | None) -> tuple[bool, str]:
+        """The trial loop, in one thread per slot when the executor runs trials side by side."""
+        if self.executor is None or self.executor.slots == 1:
+            return self._trials(deadline)
+        reporter, self.reporter = self.reporter, SerialReporter(self.reporter)
+        try:
+            return run_slots(self._measurer, self.executor.slots,
+                             lambda m: setattr(self._slot, "measurer", m),
+                             lambda: self._trials(deadline))
+        finally:
+            self.reporter = reporter
 
     def _trials(self, deadline: float | None) -> tuple[bool, str]:
         """Ask, claim, measure and record trials until a stop rule says stop; returns

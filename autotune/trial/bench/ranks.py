@@ -23,12 +23,9 @@ class Ranks:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self._device: Any = None
-        # The rank that writes the progress and result files: global rank 0, or in a trial
-        # across machines whose nodes do not share a file system, the first rank of the
-        # tuner's node (which torchrun's c10d rendezvous need not make rank 0).
-        reporting = os.environ.get("AUTOTUNE_REPORTING_NODE")
-        self.reports = self.rank == 0 if reporting is None else \
-            (reporting == "1" and self.local_rank == 0)
+        # The rank that writes the progress and result files: global rank 0 (on a cluster
+        # engine its node's part relays them to the tuner: ``trial.executors``).
+        self.reports = self.rank == 0
 
     def start(self, device: Any) -> str | None:
         """Join the process group (nccl on CUDA, gloo on CPU); returns the backend."""

@@ -22,11 +22,7 @@ from autotune.tuner.record.read import (
     worker_of,
 )
 from autotune.tuner.record.study import (
-    NODE_REPORT,
-    NODE_TRIAL,
     StudyFacts,
-    node_reports,
-    node_trial,
     read_facts,
 )
 from autotune.tuner.record.write import (
@@ -42,9 +38,9 @@ from autotune.tuner.record.write import (
 )
 
 __all__ = [
-    "NODE_REPORT", "NODE_TRIAL", "OVERSUBSCRIBED", "PREDICTED_OOM", "TOO_SLOW", "Forecast",
+    "OVERSUBSCRIBED", "PREDICTED_OOM", "TOO_SLOW", "Forecast",
     "Pending", "Record", "StepForecast", "StudyFacts", "TrialRecord", "Worker",
-    "baseline_pending", "budget_cut_before", "is_baseline", "node_reports", "node_trial",
+    "baseline_pending", "budget_cut_before", "is_baseline",
     "of_measurement", "of_no_room", "of_prediction", "of_rule", "of_slow_prediction",
     "read_facts", "read_pending", "read_trial", "read_trials", "running_twins",
     "was_interrupted", "worker_of",

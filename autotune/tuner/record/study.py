@@ -1,5 +1,4 @@
-"""What a study records of itself (``StudyFacts``), and the attributes through which a trial
-across machines is published to the agents."""
+"""What a study records of itself (``StudyFacts``)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,6 @@ import optuna
 from autotune.profile.documents import ProbeDoc
 from autotune.tuner.confirmation import Confirmation
 from autotune.tuner.record.read import MALFORMED, left_out
-
-# The study attributes through which a trial across machines is published (tuner.fleet).
-NODE_TRIAL, NODE_REPORT = "node_trial", "node_report"
 
 
 @dataclass(frozen=True)
@@ -78,13 +74,3 @@ def _confirmation(stored: object) -> Confirmation | None:
     except MALFORMED as exc:
         left_out("the study's confirmation", exc)
         return None
-
-
-def node_trial(study: optuna.Study) -> dict[str, Any]:
-    """The trial across machines the tuner publishes now (read anew from the storage)."""
-    return dict(study.user_attrs.get(NODE_TRIAL) or {})
-
-
-def node_reports(study: optuna.Study) -> list[Mapping[str, Any]]:
-    """What the agents said of how their part of a trial ended (read anew)."""
-    return [v for k, v in study.user_attrs.items() if k.startswith(f"{NODE_REPORT}:")]

@@ -1,0 +1,53 @@
+"""Where a trial's processes run: this machine (the default) or Slurm job steps.
+
+An executor turns a trial planned for this machine (``trial.plans``) into its engine's: the
+process ``trial.launch.execute`` starts is then the engine's client (``srun``),
+whose stdout brings back what the trial's nodes relay (``executors.relay``) and whose stderr is
+the trial's log. The tuner follows, times out and ends such a trial as it does a local one, and
+ends it through the engine as well (``end``). Trials of one executor may run side by side, one
+per ``slot`` (disjoint nodes).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autotune.trial.plans import TrialPlan
+
+EXECUTORS = ("local", "slurm")
+
+
+class Executor(Protocol):
+    """A cluster engine that runs trials (``slurm.Slurm``)."""
+
+    name: str
+    slots: int  # trials that fit side by side
+
+    def plan(self, p: TrialPlan, slot: int, trial: str, port_seed: int) -> TrialPlan:
+        """``p`` as this engine's trial on ``slot``'s nodes (``trial``: its name there)."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def clean(self) -> list[str]:
+        """End what an earlier, killed driver of the same study left running; what was ended."""
+        ...
+
+
+def start_executor(name: str, nnodes: int, nproc: int, parallel: int | None,
+                   study: str) -> Executor | None:
+    """The executor ``--executor NAME`` names, checked against its engine (the allocation);
+    None for this machine."""
+    if name == "slurm":
+        from autotune.trial.executors.slurm import Slurm
+
+        return Slurm(nnodes, nproc, parallel, study)
+    return None
+
+
+def end(p: TrialPlan) -> None:
+    """End a trial through its engine, beyond ending its client (a Slurm step is cancelled)."""
+    if p.engine == "slurm":
+        from autotune.trial.executors.slurm import end as end_step
+
+        end_step(p)
