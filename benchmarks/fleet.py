@@ -2,6 +2,7 @@
 
     python benchmarks/fleet.py storage --postgres postgresql+psycopg2://postgres@127.0.0.1/test
     python benchmarks/fleet.py workers --postgres URL --workers 3 --trials 12
+    sbatch --nodes 4 --wrap "python benchmarks/fleet.py driver --trials 12"   # inside Slurm
 
 ``storage`` runs the same small mlp study in this process on SQLite, on PostgreSQL and on a
 journal file, in turn, and times every storage call the tuner's thread makes (the outermost call
@@ -9,7 +10,9 @@ only: Optuna's cache calls the database underneath) and the study lock: millisec
 next to the trial's own wall time. ``workers`` runs the study with 1 worker and then with N
 workers (processes on this machine, each with its own output directory) against PostgreSQL
 and prints both wall times; on one machine the device lock serialises the trials, so the
-difference is what coordination costs.
+difference is what coordination costs. ``driver`` (inside a Slurm allocation of 4 nodes) counts
+the storage calls per trial of one driver running 2-node trials as Slurm steps, one slot and
+then two side by side (its slot threads' calls counted too), on SQLite.
 """
 
 from __future__ import annotations
@@ -45,21 +48,29 @@ class Timer:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.calls = 0
-        self._depth = 0
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def counted() -> bool:
+        """The tuner's threads: the main one and a parallel driver's slots (not heartbeats)."""
+        t = threading.current_thread()
+        return t is threading.main_thread() or t.name.startswith("slot-")
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread() is not threading.main_thread() or self._depth:
+            if not self.counted() or getattr(self._local, "depth", 0):
                 return fn(*args, **kwargs)
-            self._depth += 1
+            self._local.depth = 1
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-                self._depth -= 1
+                with self._lock:
+                    self.seconds += time.perf_counter() - start
+                    self.calls += 1
+                self._local.depth = 0
         return timed
 
 
@@ -80,15 +91,16 @@ def instrument(timer: Timer) -> None:
     storage_module.study_lock = timed_lock  # type: ignore[assignment]
 
 
-def storage_overhead(url: str, trials: int, workdir: Path, timer: Timer) -> dict[str, float]:
+def storage_overhead(url: str, trials: int, workdir: Path, timer: Timer,
+                     **more: Any) -> dict[str, float]:
     opts = RunOptions(model="mlp", storage=url, study_name=f"bench-{uuid.uuid4().hex[:8]}",
                       trials=trials, out_dir=workdir / "out", measure=FAST,
-                      confirm_top=0, patience=None, probe=False)
+                      confirm_top=0, patience=None, probe=False, **more)
     before_s, before_calls = timer.seconds, timer.calls
     start = time.perf_counter()
     summary = Runner(opts, QuietReporter()).run()
     wall = time.perf_counter() - start
-    n = len(summary.trials)
+    n = len([t for t in summary.trials if t.reused_from is None])
     spent = timer.seconds - before_s
     with contextlib.suppress(Exception):
         if url.startswith("postgresql"):
@@ -99,12 +111,26 @@ def storage_overhead(url: str, trials: int, workdir: Path, timer: Timer) -> dict
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("storage", "workers"))
-    parser.add_argument("--postgres", required=True, help="PostgreSQL URL")
+    parser.add_argument("what", choices=("storage", "workers", "driver"))
+    parser.add_argument("--postgres", help="PostgreSQL URL (storage, workers)")
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--workers", type=int, default=3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="autotune-fleet-bench-"))
+    if args.what == "driver":
+        timer = Timer()
+        instrument(timer)
+        for parallel in (1, 2):
+            r = storage_overhead(f"sqlite:///{work}/s.db", args.trials, work / str(parallel),
+                                 timer, executor="slurm", nnodes=2, nproc=1, parallel=parallel,
+                                 prune=False)
+            print(f"slurm driver, {parallel} slot(s): {r['storage_ms_per_trial']:7.1f} ms of "
+                  f"storage calls per trial ({r['calls_per_trial']:.0f} calls), "
+                  f"{r['wall_s_per_trial']:.2f} s of wall per trial ({r['trials']} trials)",
+                  flush=True)
+        return 0
+    if not args.postgres:
+        parser.error(f"{args.what} needs --postgres URL")
     if args.what == "storage":
         timer = Timer()
         instrument(timer)

@@ -105,24 +105,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     except KeyboardInterrupt:
         watch.interrupted = True
     finally:
-        tree.look()  # before the kill: parent links are lost once the leader dies
-        if p.engine is not None:
-            _end_engine(p, proc)
-        kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
-        # Reap before wait(): until then the leader's pid (the group id) cannot be reused
-        # by an unrelated process that the group match would then kill.
-        survivors = reap(p.env.get(TRIAL_TOKEN), proc.pid)
-        # What left the group and dropped the token (setsid, a cleared environment).
-        tree.kill()
-        proc.wait()
-        processes.finished(proc.pid)
-        samples = monitor.stop() if monitor is not None else []
-        data = output.close()
-        if relay is not None:
-            relay.close()
-            if relay.refused:
-                data += (f"\nautotune: {relay.refused} line(s) the trial's nodes sent back were "
-                         "not well-formed records and were left out\n").encode()
+        survivors, samples, data = _end(p, proc, tree, output, relay, monitor)
     if on_event is not None:
         forward(p.progress_path, watch.seen, on_event)
     folder = Path(p.spec_path).parent
@@ -147,6 +130,32 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         gpu=monitor.summary(measured_span(read_events(p.progress_path)))
         if monitor is not None and samples else {},
     )
+
+
+def _end(p: TrialPlan, proc: subprocess.Popen[bytes], tree: Tree, output: CappedLog,
+         relay: Relay | None, monitor: Monitor | None
+         ) -> tuple[list[int], list[dict[str, Any]], bytes]:
+    """End every process of the trial, whatever ended it; returns the processes that survived
+    SIGKILL, the monitor's samples and the trial's output (its tail)."""
+    tree.look()  # before the kill: parent links are lost once the leader dies
+    if p.engine is not None:
+        _end_engine(p, proc)
+    kill_group(proc.pid)  # the trial's own group: its loader workers, torchrun's agent
+    # Reap before wait(): until then the leader's pid (the group id) cannot be reused
+    # by an unrelated process that the group match would then kill.
+    survivors = reap(p.env.get(TRIAL_TOKEN), proc.pid)
+    # What left the group and dropped the token (setsid, a cleared environment).
+    tree.kill()
+    proc.wait()
+    processes.finished(proc.pid)
+    samples = monitor.stop() if monitor is not None else []
+    data = output.close()
+    if relay is not None:
+        relay.close()
+        if relay.refused:
+            data += (f"\nautotune: {relay.refused} line(s) the trial's nodes sent back were "
+                     "not well-formed records and were left out\n").encode()
+    return survivors, samples, data
 
 
 def _start(p: TrialPlan, env: dict[str, str]
