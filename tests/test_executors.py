@@ -85,3 +85,36 @@ def test_the_relay_writes_only_well_formed_records_to_fixed_names(tmp_path: Path
     assert json.loads((trial / "progress.jsonl").read_text())["samples_per_sec"] == 3.0
     assert r.refused == 6  # the plain line is the log's, not a refused record
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trial"]
+
+
+def test_a_trial_is_a_placement_group_on_ray(tmp_path: Path) -> None:
+    from autotune.trial.executors.ray_client import FORWARD_ENV
+    from autotune.trial.executors.ray_cluster import Ray
+
+    executor = Ray(2, 4, None, "s", nodes=[{"cpus": 16, "gpus": 8}, {"cpus": 8, "gpus": 4},
+                                           {"cpus": 16, "gpus": 8}])
+    assert executor.slots == 1 and (executor.cpus, executor.gpus) == (8, 4)
+    local = plan(TrialSpec(WorkloadSpec("bert", {}), Config(world_size=8), device="cuda"),
+                 workdir=tmp_path, timeout_s=90)
+    p = executor.plan(local, 0, "trials-0001", port_seed=1)
+    assert p.argv[1:] == ("-m", "autotune.trial.executors.ray_client", "run", "--nodes", "2",
+                          "--nproc", "4", "--cpus", "8", "--gpus", "4", "--name",
+                          "autotune.s.trials-0001")
+    assert json.loads(p.env[SPEC_ENV]) == local.spec and p.engine == "ray"
+    assert set(p.env[FORWARD_ENV].split(",")) == set(p.env) - {FORWARD_ENV}
+    with pytest.raises(UsageError, match="--nnodes 4: the Ray cluster has 3 node"):
+        Ray(4, 1, None, "s", nodes=[{"cpus": 2, "gpus": 0}] * 3)
+
+
+def test_a_lost_node_is_not_a_result() -> None:
+    from autotune.trial.executors.ray_client import NODE_LOST as LOST_EXIT
+    from autotune.trial.measurement import NODE_LOST, RawResult, classify
+
+    lost = classify(RawResult(returncode=LOST_EXIT, timed_out=False, result=None, wall_s=9.0,
+                              stderr_tail="rank output\nautotune: node lost: actor died\n"))
+    assert lost.ended_by == NODE_LOST and lost.reason == "node lost: actor died"
+    assert not lost.is_result
+    # The same exit code without the client's line is the trial's own failure.
+    other = classify(RawResult(returncode=LOST_EXIT, timed_out=False, result=None, wall_s=9.0,
+                               stderr_tail="exit 75\n"))
+    assert other.ended_by != NODE_LOST

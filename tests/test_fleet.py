@@ -226,7 +226,7 @@ def test_bad_multi_node_flags_are_one_line_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "studies").exists()  # refused before anything was created
     for args, message in {
         ("--parallel", "2"): "--parallel 2: trials on one machine share its devices",
-        ("--executor", "pbs"): "--executor 'pbs' is not one of local, slurm",
+        ("--executor", "pbs"): "--executor 'pbs' is not one of local, slurm, ray",
         ("--executor", "slurm", "--launcher", "srun {cmd}"): "drop --launcher and "
                                                              "--rdzv-endpoint",
     }.items():

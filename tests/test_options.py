@@ -38,7 +38,7 @@ def test_every_problem_is_found_at_once() -> None:
         "--nproc 3 asks for more ranks than the 2 CPU cores; ranks would share cores and time "
         "each other: pass --nproc <= 2",
         "--nnodes 2 needs an engine to start the other nodes: --executor slurm (inside an "
-        "sbatch allocation), or --launcher TEMPLATE with --rdzv-endpoint",
+        "sbatch allocation), --executor ray, or --launcher TEMPLATE with --rdzv-endpoint",
         "--memory-limit must be a size like 20GiB or a fraction like 0.8, got 'lots'",
     ]
     with pytest.raises(UsageError) as raised:

@@ -75,6 +75,7 @@ TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its
 MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
 PRUNED = "pruned"  # the tuner stopped it: its first windows were clearly below the best
 COMPILE_LIMIT = "compile_limit"  # torch.compile ran past its own time limit in the trial
+NODE_LOST = "node_lost"  # a cluster engine lost a node of the trial: not a result, run again
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -150,7 +151,7 @@ class Measurement:
     @property
     def is_result(self) -> bool:
         """False when the run, not the config, ended the trial: it is retried, not recorded."""
-        return self.ended_by not in (INTERRUPTED, BUDGET)
+        return self.ended_by not in (INTERRUPTED, BUDGET, NODE_LOST)
 
     @property
     def ok(self) -> bool:
@@ -233,6 +234,17 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
     return _from_exit(raw, common)
 
 
+def _node_lost(raw: RawResult) -> str | None:
+    """What the Ray engine's client said when a node of the trial was lost (its exit code and
+    last line ``autotune: node lost: ...``), or None."""
+    from autotune.trial.executors.ray_client import NODE_LOST as LOST_EXIT
+
+    if raw.returncode != LOST_EXIT:
+        return None
+    lines = [ln for ln in raw.stderr_tail.splitlines() if ln.startswith("autotune: node lost:")]
+    return lines[-1].removeprefix("autotune: ") if lines else None
+
+
 def _ended_by_us(raw: RawResult, peak: int, common: _Common) -> Measurement | None:
     """A trial the user or the launcher ended: Ctrl-C, the memory limit, pruning, the
     timeout. None when it ended on its own."""
@@ -247,6 +259,9 @@ def _ended_by_us(raw: RawResult, peak: int, common: _Common) -> Measurement | No
                            breakdown=partial.breakdown if partial else {},
                            rough_samples_per_sec=partial.median if partial else None,
                            ended_by=PRUNED, **common)
+    lost = _node_lost(raw)
+    if lost:
+        return Measurement("error", lost, ended_by=NODE_LOST, **common)
     if raw.timed_out:
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
         if partial:

@@ -84,18 +84,18 @@ class RunOptions:
         "visible GPU, 1 on CPU)"))
     nnodes: int = option(1, "--nnodes", help=(
         "Machines per trial, each running --nproc ranks, meeting at torchrun's c10d rendezvous; "
-        "started by --executor slurm, or by a --launcher template"))
+        "started by --executor slurm or ray, or by a --launcher template"))
     executor: str = option("local", "--executor", help=(
-        "Where trials run: local (this machine) or slurm (job steps inside an sbatch/salloc "
-        "allocation)"))
+        "Where trials run: local (this machine), slurm (job steps inside an sbatch/salloc "
+        "allocation) or ray (placement groups on a running Ray cluster; autotune[ray])"))
     parallel: int | None = option(None, "--parallel", help=(
-        "Trials at a time on --executor slurm, each on its own nodes (default: as many as "
-        "fit)"))
+        "Trials at a time on --executor slurm or ray, each on its own nodes (default: as many "
+        "as fit)"))
     rdzv_endpoint: str | None = option(None, "--rdzv-endpoint", help=(
         "HOST:PORT of the rendezvous of trials across machines (with --launcher)"))
     launcher: str | None = option(None, "--launcher", help=(
         "Launcher template that starts {cmd} (torchrun) on every node of a trial, for engines "
-        "other than Slurm, e.g. 'mpirun -np 2 --map-by node {cmd}' (with --nnodes)"))
+        "other than Slurm and Ray, e.g. 'mpirun -np 2 --map-by node {cmd}' (with --nnodes)"))
     global_batch: int | None = option(None, "--global-batch", help=(
         "Keep micro-batch x accumulation x ranks at this many samples per optimizer step "
         "(accumulation is derived), so tuning never changes the training semantics"))
@@ -263,8 +263,8 @@ def _rank_problems(opts: RunOptions, hw: Hardware) -> list[str]:
 
 
 def executor_problems(opts: RunOptions) -> list[str]:
-    """What is wrong with --executor/--parallel, if anything (what the allocation holds is
-    checked when the executor starts)."""
+    """What is wrong with --executor/--parallel, if anything (what the allocation or the Ray
+    cluster holds is checked when the executor starts)."""
     from autotune.trial.executors import EXECUTORS
 
     if opts.executor not in EXECUTORS:
@@ -274,8 +274,8 @@ def executor_problems(opts: RunOptions) -> list[str]:
     if opts.executor == "local":
         if opts.parallel not in (None, 1):
             return [f"--parallel {opts.parallel}: trials on one machine share its devices and "
-                    "run one at a time; pass --executor slurm, or run a fleet of workers "
-                    "(docs/clusters.md)"]
+                    "run one at a time; pass --executor slurm or ray, or run a fleet of "
+                    "workers (docs/clusters.md)"]
         return []
     if opts.launcher is not None or opts.rdzv_endpoint is not None:
         return [f"--executor {opts.executor} starts every node of a trial and picks its "
@@ -300,7 +300,8 @@ def node_problems(nnodes: int, endpoint: str | None, template: str | None,
         return []
     if template is None:
         return [f"--nnodes {nnodes} needs an engine to start the other nodes: --executor slurm "
-                "(inside an sbatch allocation), or --launcher TEMPLATE with --rdzv-endpoint"]
+                "(inside an sbatch allocation), --executor ray, or --launcher TEMPLATE with "
+                "--rdzv-endpoint"]
     if endpoint is None:
         return [f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the address every node "
                 "reaches the rendezvous at (a free port on this machine, which hosts it)"]

@@ -314,6 +314,12 @@ def fail_and_retry(study: optuna.Study, storage: optuna.storages.BaseStorage, tr
             retry(study, storage.get_trial(trial._trial_id))
 
 
+def retry_running(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    """Fail this worker's running trial, which did not measure its config for a reason outside
+    it (a cluster engine lost one of its nodes), and queue it again (twice at most)."""
+    fail_and_retry(study, study._storage, study._storage.get_trial(trial._trial_id), reason)
+
+
 def fail_stale(study: optuna.Study) -> None:
     """Optuna's own recovery: trials on a database whose heartbeat stopped, failed and
     retried."""

@@ -21,7 +21,7 @@ from autotune.config.space import NarrowedSpace
 from autotune.machine.hardware import Hardware
 from autotune.profile import Profile
 from autotune.trial.command import Command
-from autotune.trial.measurement import BUDGET, INTERRUPTED, TRIAL_TIMEOUT, Measurement
+from autotune.trial.measurement import BUDGET, INTERRUPTED, NODE_LOST, TRIAL_TIMEOUT, Measurement
 from autotune.trial.result import ReadbackDoc
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import budget, claims, confirm, record, snapshot, storage, verdict
@@ -96,6 +96,11 @@ class TrialSteps:
                 self._forecast(trial, config, v.plan, snap)
                 m = self._measure_trial(trial, config, is_baseline, len(snap.measured) + 1,
                                         remaining, v.plan.settings, snap)
+            if m.ended_by == NODE_LOST:  # the engine's fault, not the config's: run again
+                storage.retry_running(self.study, trial, m.reason or NODE_LOST)
+                told = True
+                self.reporter.note(f"trial {trial.number}: {m.reason}; queued again")
+                return False
             self._write(trial, record.of_measurement(
                 m, self.limit, number=trial.number, baseline=is_baseline,
                 devices=self.measurer.held))

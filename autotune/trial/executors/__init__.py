@@ -1,7 +1,8 @@
-"""Where a trial's processes run: this machine (the default) or Slurm job steps.
+"""Where a trial's processes run: this machine (the default), Slurm job steps or Ray placement
+groups.
 
 An executor turns a trial planned for this machine (``trial.plans``) into its engine's: the
-process ``trial.launch.execute`` starts is then the engine's client (``srun``),
+process ``trial.launch.execute`` starts is then the engine's client (``srun``, a Ray client),
 whose stdout brings back what the trial's nodes relay (``executors.relay``) and whose stderr is
 the trial's log. The tuner follows, times out and ends such a trial as it does a local one, and
 ends it through the engine as well (``end``). Trials of one executor may run side by side, one
@@ -14,11 +15,11 @@ from typing import Protocol
 
 from autotune.trial.plans import TrialPlan
 
-EXECUTORS = ("local", "slurm")
+EXECUTORS = ("local", "slurm", "ray")
 
 
 class Executor(Protocol):
-    """A cluster engine that runs trials (``slurm.Slurm``)."""
+    """A cluster engine that runs trials (``slurm.Slurm``, ``ray_cluster.Ray``)."""
 
     name: str
     slots: int  # trials that fit side by side
@@ -36,17 +37,22 @@ class Executor(Protocol):
 
 def start_executor(name: str, nnodes: int, nproc: int, parallel: int | None,
                    study: str) -> Executor | None:
-    """The executor ``--executor NAME`` names, checked against its engine (the allocation);
-    None for this machine."""
+    """The executor ``--executor NAME`` names, checked against its engine (the allocation, the
+    Ray cluster); None for this machine."""
     if name == "slurm":
         from autotune.trial.executors.slurm import Slurm
 
         return Slurm(nnodes, nproc, parallel, study)
+    if name == "ray":
+        from autotune.trial.executors.ray_cluster import Ray
+
+        return Ray(nnodes, nproc, parallel, study)
     return None
 
 
 def end(p: TrialPlan) -> None:
-    """End a trial through its engine, beyond ending its client (a Slurm step is cancelled)."""
+    """End a trial through its engine, beyond ending its client (a Slurm step is cancelled; a
+    Ray trial's client removes its placement group itself when it is ended)."""
     if p.engine == "slurm":
         from autotune.trial.executors.slurm import end as end_step
 

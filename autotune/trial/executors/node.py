@@ -12,6 +12,8 @@ stderr, the engine's log of the step.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -94,11 +96,18 @@ def main(flags: list[str]) -> int:
     ended: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda s, frame: ended.append(s))
+    # The engine's process that started this part (slurmstepd, a Ray actor) dying ends it too.
+    parent = os.getppid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     progress = _Progress(files["progress"])
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                             stderr=sys.stderr.fileno(), start_new_session=True)
     try:
         while proc.poll() is None and not ended:
+            if os.getppid() != parent:
+                ended.append(signal.SIGHUP)
+                break
             progress.send()
             time.sleep(POLL_S)
     finally:

@@ -1,0 +1,91 @@
+"""Trials on a running Ray cluster (``--executor ray``, the ``autotune[ray]`` extra).
+
+Each trial is one placement group (one bundle per node, ``STRICT_SPREAD``) held by a client
+process the tuner starts (``executors.ray_client``), with one actor per node running the same
+node part as a Slurm step's task (``executors.node``: torchrun with a c10d rendezvous, the
+trial's files relayed back on stdout). The tuner never joins the Ray cluster itself: its
+process stays free of Ray's threads, and a trial's client is ended like any trial (SIGTERM, then
+the process group).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+from autotune.errors import UsageError
+from autotune.trial.executors.node import SPEC_ENV
+from autotune.trial.executors.ray_client import FORWARD_ENV
+from autotune.trial.executors.slurm import step_name
+from autotune.trial.plans import TrialPlan
+
+
+def cluster_nodes() -> list[dict[str, int]]:
+    """The Ray cluster's alive nodes (their CPUs and GPUs); a one-line error when there is no
+    cluster to reach."""
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray: pip install 'autotune[ray]' (in the same "
+                         "environment on every node)")
+    try:
+        out = subprocess.run([sys.executable, "-m", "autotune.trial.executors.ray_client",
+                              "nodes"], capture_output=True, text=True, timeout=120,
+                             check=False)
+        found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        found = None
+    if not isinstance(found, list) or not found:
+        address = os.environ.get("RAY_ADDRESS") or "auto"
+        raise UsageError(f"--executor ray: no Ray cluster answers at {address}: start one "
+                         "(`ray start --head` here, `ray start --address HEAD:6379` on each other "
+                         "node) or set RAY_ADDRESS")
+    return found
+
+
+class Ray:
+    """Runs each trial on ``nnodes`` Ray nodes, up to ``slots`` trials at a time."""
+
+    name = "ray"
+
+    def __init__(self, nnodes: int, nproc: int, parallel: int | None, study: str,
+                 nodes: list[dict[str, int]] | None = None) -> None:
+        self.nodes = nodes if nodes is not None else cluster_nodes()
+        self.nnodes, self.nproc, self.study = nnodes, nproc, study
+        fit = len(self.nodes) // nnodes
+        if fit < 1:
+            raise UsageError(f"--nnodes {nnodes}: the Ray cluster has {len(self.nodes)} node(s); "
+                             f"add nodes (ray start --address HEAD:6379) or pass --nnodes "
+                             f"{len(self.nodes)}")
+        if parallel is not None and parallel > fit:
+            raise UsageError(f"--parallel {parallel}: {fit} trial(s) of {nnodes} node(s) fit in "
+                             f"the Ray cluster's {len(self.nodes)} nodes; use --parallel {fit}")
+        # A trial takes whole nodes: every CPU of the smallest node, and --nproc GPUs.
+        self.cpus = min(n["cpus"] for n in self.nodes)
+        self.gpus = nproc if min(n["gpus"] for n in self.nodes) else 0
+        if self.gpus and nproc > min(n["gpus"] for n in self.nodes):
+            raise UsageError(f"--nproc {nproc}: the Ray cluster's nodes have "
+                             f"{min(n['gpus'] for n in self.nodes)} GPU(s) at least; use --nproc "
+                             "<= that")
+        self.slots = parallel or fit
+
+    def describe(self) -> str:
+        return (f"Ray placement groups: {len(self.nodes)} node(s), {self.slots} trial(s) at a "
+                f"time on {self.nnodes} node(s) each")
+
+    def plan(self, p: TrialPlan, slot: int, trial: str, port_seed: int) -> TrialPlan:
+        """``p`` (a trial planned for this machine) as a placement group's trial."""
+        name = step_name(self.study, trial)
+        env = {**p.env, SPEC_ENV: json.dumps(p.spec, separators=(",", ":"))}
+        env[FORWARD_ENV] = ",".join(sorted(k for k in env if k != FORWARD_ENV))
+        argv = (sys.executable, "-m", "autotune.trial.executors.ray_client", "run",
+                "--nodes", str(self.nnodes), "--nproc", str(self.nproc), "--cpus",
+                str(self.cpus), "--gpus", str(self.gpus), "--name", name)
+        return replace(p, argv=argv, env=env, engine=self.name, step=name,
+                       memory_limit_bytes=None)
+
+    def clean(self) -> list[str]:
+        """Nothing to end: a trial's placement group goes with its client's end."""
+        return []

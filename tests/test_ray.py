@@ -1,0 +1,115 @@
+"""--executor ray against a real local Ray cluster of two nodes (``ray.cluster_utils.Cluster``:
+two raylets on this machine): every trial a placement group whose two actors meet at a c10d
+rendezvous and measure, and a node removed in the middle of a trial fails that trial, which is
+queued and measured again on a node that took its place.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.tuner.record import read_trials
+from tests.conftest import ROOT, autotune
+
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.ray]
+
+FAST = ("--no-probe", "--no-prune", "--window-seconds", "0.1", "--trial-timeout", "90s",
+        "--confirm-top", "0")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and one more, 2 CPUs each (CI installs Ray with the dev extra: there the
+    tests fail rather than skip without it)."""
+    if os.environ.get("CI"):
+        import ray  # noqa: F401
+    else:
+        pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    c.add_node(num_cpus=2)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def leftovers(folder: Path) -> list[int]:
+    needle = f"AUTOTUNE_TRIAL={folder}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def wait_gone(folder: Path, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := leftovers(folder)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_every_trial_is_a_placement_group_across_two_nodes(cluster: Any, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/s.db"
+    out = autotune("run", "--model", "mlp", "--executor", "ray", "--nnodes", "2", "--nproc", "1",
+                   "--trials", "2", "--trial-seconds", "4", "--storage", db, "--study", "ray",
+                   *FAST, cwd=tmp_path, env={"RAY_ADDRESS": cluster.address}, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "trials run as Ray placement groups: 2 node(s)" in out.stdout
+    trials = [t for t in read_trials(optuna.load_study(study_name="ray", storage=db))
+              if t.reused_from is None]
+    assert len(trials) == 2 and all(t.status == "ok" for t in trials), \
+        [(t.status, t.reason) for t in trials]
+    for t in trials:
+        assert sorted(r["rank"] for r in t.measurement.ranks) == [0, 1]
+    assert not wait_gone(tmp_path)
+
+
+def test_a_node_lost_in_a_trial_fails_it_and_it_is_run_again(cluster: Any,
+                                                             tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/s.db"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", "--model", "mlp", "--executor", "ray",
+         "--nnodes", "2", "--nproc", "1", "--trials", "1", "--trial-seconds", "20",
+         "--storage", db, "--study", "lost", *FAST], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": cluster.address})
+    try:
+        progress = tmp_path / "studies" / "lost" / "trials" / "0000" / "progress.jsonl"
+        deadline = time.monotonic() + 300
+        while not (progress.exists() and '"window"' in progress.read_text()):
+            assert time.monotonic() < deadline and run.poll() is None, run.stdout.read() \
+                if run.stdout else ""
+            time.sleep(0.2)
+        other = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
+        cluster.remove_node(other[0])  # the trial is measuring: its second node goes
+        cluster.add_node(num_cpus=2)  # a node takes its place, for the retry
+        out, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out[-4000:]
+    assert "node lost" in out and "queued again" in out, out[-4000:]
+    study = optuna.load_study(study_name="lost", storage=db)
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs["reason"].startswith("node lost:"), \
+        [t.user_attrs.get("reason") for t in failed]
+    (measured,) = [t for t in read_trials(study) if t.reused_from is None]
+    assert measured.status == "ok" and len(measured.measurement.ranks) == 2
+    assert not wait_gone(tmp_path)
