@@ -87,7 +87,7 @@ class RunOptions:
         "started by --executor slurm or ray, or by a --launcher template"))
     executor: str = option("local", "--executor", help=(
         "Where trials run: local (this machine), slurm (job steps inside an sbatch/salloc "
-        "allocation) or ray (placement groups on a running Ray cluster; autotune[ray])"))
+        "allocation) or ray (placement groups on a running Ray cluster; needs Ray installed)"))
     parallel: int | None = option(None, "--parallel", help=(
         "Trials at a time on --executor slurm or ray, each on its own nodes (default: as many "
         "as fit)"))

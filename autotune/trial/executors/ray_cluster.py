@@ -1,4 +1,4 @@
-"""Trials on a running Ray cluster (``--executor ray``, the ``autotune[ray]`` extra).
+"""Trials on a running Ray cluster (``--executor ray``, the ``ray`` extra).
 
 Each trial is one placement group (one bundle per node, ``STRICT_SPREAD``) held by a client
 process the tuner starts (``executors.ray_client``), with one actor per node running the same
@@ -28,8 +28,8 @@ def cluster_nodes() -> list[dict[str, int]]:
     """The Ray cluster's alive nodes (their CPUs and GPUs); a one-line error when there is no
     cluster to reach."""
     if importlib.util.find_spec("ray") is None:
-        raise UsageError("--executor ray needs Ray: pip install 'autotune[ray]' (in the same "
-                         "environment on every node)")
+        raise UsageError("--executor ray needs Ray: pip install ray (or pip install -e '.[ray]' "
+                         "in a clone of autotune), in the same environment on every node")
     try:
         out = subprocess.run([sys.executable, "-m", "autotune.trial.executors.ray_client",
                               "nodes"], capture_output=True, text=True, timeout=120,
