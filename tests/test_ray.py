@@ -86,7 +86,7 @@ def test_a_node_lost_in_a_trial_fails_it_and_it_is_run_again(cluster: Any,
     db = f"sqlite:///{tmp_path}/s.db"
     run = subprocess.Popen(
         [sys.executable, "-m", "autotune", "run", "--model", "mlp", "--executor", "ray",
-         "--nnodes", "2", "--nproc", "1", "--trials", "1", "--trial-seconds", "20",
+         "--nnodes", "2", "--nproc", "1", "--trials", "1", "--trial-seconds", "10",
          "--storage", db, "--study", "lost", *FAST], cwd=tmp_path, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": cluster.address})
