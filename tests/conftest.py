@@ -55,6 +55,21 @@ def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | 
         timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
+def trial_processes_under(folder: Path) -> list[int]:
+    """Live processes of any trial whose files are under ``folder``: a trial's token (in every
+    process it starts, node parts and ranks too) begins with its result file's path."""
+    found = []
+    needle = f"AUTOTUNE_TRIAL={folder}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.fixture
 def postgres_url() -> str:
     """The real PostgreSQL server's URL; CI must have it, elsewhere its tests skip without it."""

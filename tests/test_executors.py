@@ -13,8 +13,7 @@ import pytest
 
 from autotune.config.knobs import Config
 from autotune.errors import UsageError
-from autotune.trial.executors import relay, slurm
-from autotune.trial.executors.node import SPEC_ENV
+from autotune.trial.executors import SPEC_ENV, relay, slurm
 from autotune.trial.launch import plan
 from autotune.trial.spec import TrialSpec
 from autotune.workloads import WorkloadSpec

@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from autotune.tuner.record import read_trials
-from tests.conftest import ROOT, autotune
+from tests.conftest import ROOT, autotune, trial_processes_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.ray]
 
@@ -46,16 +46,7 @@ def cluster() -> Iterator[Any]:
 
 
 def leftovers(folder: Path) -> list[int]:
-    needle = f"AUTOTUNE_TRIAL={folder}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if any(v.startswith(needle) for v in f.read().split(b"\0")):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return trial_processes_under(folder)
 
 
 def wait_gone(folder: Path, timeout: float = 30.0) -> list[int]:

@@ -24,7 +24,7 @@ import optuna
 import pytest
 
 from autotune.tuner.record import read_trials
-from tests.conftest import ROOT
+from tests.conftest import ROOT, trial_processes_under
 
 # Serial: beside the parallel pass their trials took the CPU other tests' trial budgets count on
 # (a fresh-clone CI saw one of those time out), and the pass grew by more than they saved.
@@ -101,17 +101,7 @@ def run_output(folder: Path, i: int = 0) -> tuple[int, str]:
 
 
 def leftovers(folder: Path) -> list[int]:
-    """Processes of any trial of this folder's studies: their trial token names the folder."""
-    found = []
-    needle = f"AUTOTUNE_TRIAL={folder}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if any(v.startswith(needle) for v in f.read().split(b"\0")):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found  # the node parts too: srun passed the trial's environment on to them
+    return trial_processes_under(folder)
 
 
 def steps(env: dict[str, str], *studies: str) -> list[str]:

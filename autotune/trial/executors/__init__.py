@@ -11,11 +11,16 @@ per ``slot`` (disjoint nodes).
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Protocol
 
+from autotune.errors import UsageError
 from autotune.trial.plans import TrialPlan
 
 EXECUTORS = ("local", "slurm", "ray")
+NAME_PREFIX = "autotune."
+SPEC_ENV = "AUTOTUNE_TRIAL_SPEC"  # the trial's spec, for the node parts (no shared files)
 
 
 class Executor(Protocol):
@@ -33,6 +38,33 @@ class Executor(Protocol):
     def clean(self) -> list[str]:
         """End what an earlier, killed driver of the same study left running; what was ended."""
         ...
+
+
+def trial_name(study: str, trial: str) -> str:
+    """A trial's name on its engine (a Slurm step, a Ray placement group, the rendezvous id):
+    how the tuner finds it to end it, and finds what a killed earlier driver of the same study
+    left running."""
+    return NAME_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{study}.{trial}")
+
+
+def node_env(p: TrialPlan) -> dict[str, str]:
+    """The environment every node part of ``p`` gets: the trial's own, and its spec."""
+    return {**p.env, SPEC_ENV: json.dumps(p.spec, separators=(",", ":"))}
+
+
+def slots(nodes: int, nnodes: int, parallel: int | None, where: str, more: str) -> int:
+    """How many trials of ``nnodes`` nodes run side by side on ``nodes`` (``--parallel``, or
+    as many as fit); a one-line error when none fits or ``--parallel`` asks for more.
+    ``where`` names the nodes (the allocation), ``more`` says how to get more of them."""
+    fit = nodes // nnodes
+    if fit < 1:
+        raise UsageError(f"--nnodes {nnodes}: {where} has {nodes} node(s); {more} "
+                         f"{nnodes} or more, or pass --nnodes {max(nodes, 1)}")
+    if parallel is not None and parallel > fit:
+        raise UsageError(f"--parallel {parallel}: {fit} trial(s) of {nnodes} node(s) fit in "
+                         f"{where}'s {nodes} nodes; use --parallel {fit}, or {more} "
+                         f"{parallel * nnodes}")
+    return parallel or fit
 
 
 def start_executor(name: str, nnodes: int, nproc: int, parallel: int | None,

@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from autotune.trial.executors import SPEC_ENV
 from autotune.trial.executors.relay import line
 from autotune.trial.processes import TRIAL_TOKEN, new_token, reap
 
-SPEC_ENV = "AUTOTUNE_TRIAL_SPEC"
 POLL_S = 0.2
 
 

@@ -18,9 +18,8 @@ import sys
 from dataclasses import replace
 
 from autotune.errors import UsageError
-from autotune.trial.executors.node import SPEC_ENV
+from autotune.trial.executors import node_env, slots, trial_name
 from autotune.trial.executors.ray_client import FORWARD_ENV
-from autotune.trial.executors.slurm import step_name
 from autotune.trial.plans import TrialPlan
 
 
@@ -54,14 +53,8 @@ class Ray:
                  nodes: list[dict[str, int]] | None = None) -> None:
         self.nodes = nodes if nodes is not None else cluster_nodes()
         self.nnodes, self.nproc, self.study = nnodes, nproc, study
-        fit = len(self.nodes) // nnodes
-        if fit < 1:
-            raise UsageError(f"--nnodes {nnodes}: the Ray cluster has {len(self.nodes)} node(s); "
-                             f"add nodes (ray start --address HEAD:6379) or pass --nnodes "
-                             f"{len(self.nodes)}")
-        if parallel is not None and parallel > fit:
-            raise UsageError(f"--parallel {parallel}: {fit} trial(s) of {nnodes} node(s) fit in "
-                             f"the Ray cluster's {len(self.nodes)} nodes; use --parallel {fit}")
+        self.slots = slots(len(self.nodes), nnodes, parallel, "the Ray cluster",
+                           "add nodes (`ray start --address HEAD:6379`) to have")
         # A trial takes whole nodes: every CPU of the smallest node, and --nproc GPUs.
         self.cpus = min(n["cpus"] for n in self.nodes)
         self.gpus = nproc if min(n["gpus"] for n in self.nodes) else 0
@@ -69,7 +62,6 @@ class Ray:
             raise UsageError(f"--nproc {nproc}: the Ray cluster's nodes have "
                              f"{min(n['gpus'] for n in self.nodes)} GPU(s) at least; use --nproc "
                              "<= that")
-        self.slots = parallel or fit
 
     def describe(self) -> str:
         return (f"Ray placement groups: {len(self.nodes)} node(s), {self.slots} trial(s) at a "
@@ -77,8 +69,8 @@ class Ray:
 
     def plan(self, p: TrialPlan, slot: int, trial: str, port_seed: int) -> TrialPlan:
         """``p`` (a trial planned for this machine) as a placement group's trial."""
-        name = step_name(self.study, trial)
-        env = {**p.env, SPEC_ENV: json.dumps(p.spec, separators=(",", ":"))}
+        name = trial_name(self.study, trial)
+        env = node_env(p)
         env[FORWARD_ENV] = ",".join(sorted(k for k in env if k != FORWARD_ENV))
         argv = (sys.executable, "-m", "autotune.trial.executors.ray_client", "run",
                 "--nodes", str(self.nnodes), "--nproc", str(self.nproc), "--cpus",

@@ -18,7 +18,6 @@ the tuner be gone.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -28,10 +27,9 @@ import sys
 from dataclasses import dataclass, replace
 
 from autotune.errors import UsageError
-from autotune.trial.executors.node import SPEC_ENV
+from autotune.trial.executors import node_env, slots, trial_name
 from autotune.trial.plans import TrialPlan
 
-STEP_PREFIX = "autotune."
 # A step's own time limit is the trial's timeout and this much more: the tuner ends it first.
 STEP_GRACE_S = 60
 _CPUS = re.compile(r"(\d+)(?:\(x(\d+)\))?")
@@ -100,12 +98,6 @@ def node_address(node: str) -> str:
     return found.group(1) if found else node
 
 
-def step_name(study: str, trial: str) -> str:
-    """The name of a trial's step: how the tuner finds it to end it, and finds the steps of a
-    killed earlier driver of the same study."""
-    return STEP_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{study}.{trial}")
-
-
 class Slurm:
     """Runs each trial as a step on ``nnodes`` whole nodes of the allocation, up to ``slots``
     trials at a time on disjoint nodes."""
@@ -116,20 +108,12 @@ class Slurm:
                  allocation: Allocation | None = None) -> None:
         self.alloc = allocation or Allocation.here()
         self.nnodes, self.nproc, self.study = nnodes, nproc, study
-        fit = len(self.alloc.nodes) // nnodes
-        if fit < 1:
-            raise UsageError(f"--nnodes {nnodes}: the allocation has {len(self.alloc.nodes)} "
-                             f"node(s) ({','.join(self.alloc.nodes) or 'none'}); ask sbatch for "
-                             f"--nodes {nnodes} or more")
-        if parallel is not None and parallel > fit:
-            raise UsageError(f"--parallel {parallel}: {fit} trial(s) of {nnodes} node(s) fit in "
-                             f"the allocation's {len(self.alloc.nodes)} nodes; use --parallel "
-                             f"{fit} or ask sbatch for --nodes {parallel * nnodes}")
+        self.slots = slots(len(self.alloc.nodes), nnodes, parallel, "the allocation",
+                           "ask sbatch for --nodes")
         if self.alloc.gpus_per_node and nproc > self.alloc.gpus_per_node:
             raise UsageError(f"--nproc {nproc}: the allocation has {self.alloc.gpus_per_node} "
                              "GPU(s) per node; use --nproc "
                              f"{self.alloc.gpus_per_node} or ask sbatch for more")
-        self.slots = parallel or fit
 
     def describe(self) -> str:
         return (f"Slurm job {self.alloc.job_id}: {len(self.alloc.nodes)} node(s), "
@@ -147,26 +131,24 @@ class Slurm:
             host = node_address(nodes[0])
             flags = (f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc}",
                      "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{_port(host, port_seed)}",
-                     f"--rdzv-id={step_name(self.study, trial)}", "--max-restarts=0")
+                     f"--rdzv-id={trial_name(self.study, trial)}", "--max-restarts=0")
         limit = int(p.timeout_s) + STEP_GRACE_S
         srun = ["srun", f"--nodes={self.nnodes}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(nodes)}", "--exact", "--kill-on-bad-exit=1",
                 f"--time={limit // 60}:{limit % 60:02d}",
-                f"--job-name={step_name(self.study, trial)}", f"--jobid={self.alloc.job_id}"]
+                f"--job-name={trial_name(self.study, trial)}", f"--jobid={self.alloc.job_id}"]
         if self.alloc.cpus_per_node:
             srun.append(f"--cpus-per-task={self.alloc.cpus_per_node}")
         if self.alloc.gpus_per_node:
             srun.append(f"--gpus-per-node={self.nproc}")
-        env = {**p.env}
-        env[SPEC_ENV] = json.dumps(p.spec, separators=(",", ":"))
         argv = (*srun, sys.executable, "-m", "autotune.trial.executors.node", *flags)
-        return replace(p, argv=argv, env=env, torchrun=flags, engine=self.name,
-                       step=step_name(self.study, trial), memory_limit_bytes=None)
+        return replace(p, argv=argv, env=node_env(p), torchrun=flags, engine=self.name,
+                       step=trial_name(self.study, trial), memory_limit_bytes=None)
 
     def clean(self) -> list[str]:
         """End the steps an earlier driver of this study left running in this allocation (it
         was killed: its trials are measured again); returns their ids."""
-        prefix = step_name(self.study, "")
+        prefix = trial_name(self.study, "")
         found = [sid for sid, name in _steps(self.alloc.job_id) if name.startswith(prefix)]
         for sid in found:
             _scancel(sid)
@@ -200,9 +182,10 @@ def _scancel(step_id: str) -> None:
 
 
 def _port(host: str, seed: int) -> int:
-    """The rendezvous port of a trial: one of a range, by the trial's seed (two trials of one
-    study on one node at once never share one); when ``host`` is this machine, the first of
-    them that is free here."""
+    """The rendezvous port of a trial: one of a range, by the trial's seed (trials side by
+    side run on disjoint nodes, so only another program on the first node can hold it); when
+    ``host`` is this machine, the first of them that is free here. A port taken on a remote
+    node fails that trial's rendezvous."""
     base = 20000 + (seed * 37) % 20000
     local = host in ("127.0.0.1", "localhost", socket.gethostname())
     for port in range(base, base + 50) if local else (base,):
