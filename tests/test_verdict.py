@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from autotune.config.knobs import Config
 from autotune.trial.measurement import Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner import verdict
+from autotune.tuner import record, verdict
 from autotune.tuner.budget import StepPrediction, TrialBudget
 from autotune.tuner.record import (
     OVERSUBSCRIBED,
@@ -111,13 +111,15 @@ def test_a_config_predicted_too_slow_for_any_budget_never_starts() -> None:
     assert r.reason == TOO_SLOW_PLAN.too_slow
 
 
-def test_no_room_in_the_run_queues_the_config_for_the_next() -> None:
+def test_no_room_in_the_run_is_not_run_and_not_queued_again() -> None:
     v = decide(facts(plan=NO_ROOM_PLAN))
     assert v.kind == verdict.NO_ROOM and not v.runs
     assert not v.reported  # said once, as the reason the run stopped
     assert v.record is not None and v.record.state == TrialState.FAIL
-    assert v.record.attrs["interrupted"] is True  # no result: the next run measures it
-    assert v.record.retry_attrs == {"retry_of": 5, "baseline": False, "budget_cut": False}
+    assert v.record.attrs["status"] == record.NOT_RUN and v.record.attrs["not_run"] is True
+    assert v.record.attrs["reason"].startswith("not run: no room left: needs ~12s")
+    assert "interrupted" not in v.record.attrs  # not a cut-short trial
+    assert v.record.retry_attrs is None  # no retry left waiting in the study
     assert read_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={
         **v.record.attrs, "config": CONFIG.to_dict()})) is None  # not a record of the config
 
@@ -136,4 +138,9 @@ def test_the_baseline_is_never_a_twin_nor_ruled_out() -> None:
         verdict.PREDICTED_TOO_SLOW
     queued = decide(facts(is_baseline=True, memory=MEMORY, plan=NO_ROOM_PLAN))
     assert queued.kind == verdict.NO_ROOM and queued.record is not None
-    assert queued.record.retry_attrs == {"retry_of": 5, "baseline": True, "budget_cut": False}
+    assert queued.record.retry_attrs is None and queued.record.attrs["not_run"] is True
+    # A baseline not run is no baseline: the next run queues it again.
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={
+        **queued.record.attrs, "config": CONFIG.to_dict(), "baseline": True}))
+    assert not record.baseline_pending(study)

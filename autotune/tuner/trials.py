@@ -84,7 +84,8 @@ class TrialSteps:
                 self._write(trial, v.record)
                 told = True
                 if v.kind == verdict.NO_ROOM:
-                    self.no_room = v.plan.no_room if v.plan else v.kind
+                    self.no_room = f"not run: no room left: {v.plan.no_room}" if v.plan \
+                        else v.kind
                 if v.reported:
                     self._report(trial)
                 return True

@@ -86,6 +86,5 @@ def _budget(f: Facts) -> Verdict:
             plan.too_slow, plan.prediction.step_s, f.config.samples_per_step, f.limit),
             plan=plan)
     if plan.no_room:
-        return Verdict(NO_ROOM, record.of_no_room(plan.no_room, f.limit, number=f.number,
-                                                  baseline=f.is_baseline), plan=plan)
+        return Verdict(NO_ROOM, record.of_no_room(plan.no_room, f.limit), plan=plan)
     return Verdict(RUN, plan=plan)

@@ -26,6 +26,7 @@ from autotune.tuner.record.study import (
     read_facts,
 )
 from autotune.tuner.record.write import (
+    NOT_RUN,
     OVERSUBSCRIBED,
     PREDICTED_OOM,
     TOO_SLOW,
@@ -38,7 +39,7 @@ from autotune.tuner.record.write import (
 )
 
 __all__ = [
-    "OVERSUBSCRIBED", "PREDICTED_OOM", "TOO_SLOW", "Forecast",
+    "NOT_RUN", "OVERSUBSCRIBED", "PREDICTED_OOM", "TOO_SLOW", "Forecast",
     "Pending", "Record", "StepForecast", "StudyFacts", "TrialRecord", "Worker",
     "baseline_pending", "budget_cut_before", "is_baseline",
     "of_measurement", "of_no_room", "of_prediction", "of_rule", "of_slow_prediction",

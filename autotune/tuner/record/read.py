@@ -182,7 +182,8 @@ class TrialRecord:
         return Observation(config=self.config, status=self.status,
                            samples_per_sec=self.samples_per_sec,
                            peak_memory_bytes=self.peak_memory_bytes, spread_cv=self.spread_cv,
-                           predicted=self.predicted, number=self.number)
+                           predicted=self.predicted, number=self.number,
+                           mfu=self.measurement.mfu, peak_tflops=self.measurement.peak_tflops)
 
 
 # What a malformed stored value raises when it is parsed (a shared study is data from others).
@@ -203,11 +204,12 @@ def left_out(what: str, exc: Exception) -> None:
 
 def read_trial(t: FrozenTrial) -> TrialRecord | None:
     """The record of a finished trial; None for one that has none (waiting, running,
-    interrupted, or ended before its config was written) and for one whose stored record
-    is malformed (said once: a study shared through a database is others' data)."""
+    interrupted, not run for want of time, or ended before its config was written) and for
+    one whose stored record is malformed (said once: a study shared through a database is
+    others' data)."""
     a = t.user_attrs
     if not t.state.is_finished() or "status" not in a or a.get("interrupted") \
-            or "config" not in a:
+            or a.get("not_run") or "config" not in a:
         return None
     try:
         return _parse(t, a)
@@ -291,11 +293,12 @@ def is_baseline(trial: optuna.Trial | FrozenTrial) -> bool:
 
 
 def baseline_pending(study: optuna.Study) -> bool:
-    """Whether the baseline is queued, running, or ran (even to an OOM)."""
+    """Whether the baseline is queued, running, or ran (even to an OOM); one not run for want
+    of time is queued again by the next run."""
     return any(t.user_attrs.get("baseline") and (
         t.state in (TrialState.WAITING, TrialState.RUNNING)
         or (t.state.is_finished() and "status" in t.user_attrs
-            and not t.user_attrs.get("interrupted")))
+            and not t.user_attrs.get("interrupted") and not t.user_attrs.get("not_run")))
         for t in study.get_trials(deepcopy=False))
 
 

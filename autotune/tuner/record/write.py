@@ -8,7 +8,9 @@ What the sampler sees, by outcome:
   timeout   PRUNED, with the rough rate of its first step as the only hint;
   diverged  PRUNED (the loss went NaN or infinite: it never wins, whatever its speed);
   error     FAIL;
-  not a result (Ctrl-C, the run's --timeout): FAIL, marked interrupted, and queued again.
+  not a result (Ctrl-C, the run's --timeout): FAIL, marked interrupted, and queued again;
+  not run   (no room left in the run's --timeout to measure it): FAIL, marked not_run, not
+            queued again.
 A peak over the memory limit makes an ok or pruned trial infeasible (constraint > 0).
 """
 
@@ -24,6 +26,8 @@ from autotune.trial.measurement import BUDGET, Measurement
 
 # Why a config was ruled out without running (TrialRecord.predicted_kind).
 PREDICTED_OOM, TOO_SLOW, OVERSUBSCRIBED = "oom", "too_slow", "oversubscribed"
+# The status of a trial that never started (no room left in the run's --timeout).
+NOT_RUN = "not-run"
 
 
 class Retry(TypedDict):
@@ -127,14 +131,13 @@ def of_slow_prediction(reason: str, step_s: float, samples_per_step: int,
                   intermediate=(rate,) if rate else ())
 
 
-def of_no_room(reason: str, limit: int, *, number: int, baseline: bool) -> Record:
+def of_no_room(reason: str, limit: int) -> Record:
     """The record of a config not started because what is left of the run's --timeout cannot
-    measure it: no result, queued for the next run (which has its own budget)."""
-    return Record({"status": "error", "reason": reason, "interrupted": True,
-                   "measurement": {"status": "error", "reason": reason, "wall_s": 0.0,
-                                   "peak_memory_bytes": 0, "windows": []},
-                   "memory_limit_bytes": limit},
-                  TrialState.FAIL, retry_attrs={"retry_of": number, "baseline": baseline,
-                                                "budget_cut": False})
+    measure it: not a result and not a failure of the config. FAIL for the sampler (which
+    ignores it), marked ``not_run``; never queued again: the search proposes it again on a
+    later run if it is still worth measuring then."""
+    said = f"not run: no room left: {reason}"
+    return Record({"status": NOT_RUN, "reason": said, "not_run": True,
+                   "memory_limit_bytes": limit}, TrialState.FAIL)
 
 
