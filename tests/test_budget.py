@@ -18,6 +18,7 @@ from autotune.trial.measurement import Measurement
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.budget import (
     ASSUMED_ERROR,
+    MAX_BUDGET_SHARE,
     StepTimeModel,
     confirm_settings,
     measuring_seconds,
@@ -79,15 +80,22 @@ def test_one_batch_size_or_another_precision_is_scaled_never_fitted() -> None:
 
 def test_a_config_the_study_knows_is_too_slow_is_recorded_without_running() -> None:
     model = StepTimeModel(ZEN3)
-    for config in (Config(micro_batch_size=32), Config(micro_batch_size=8, grad_accum_steps=4),
-                   Config(micro_batch_size=16, grad_accum_steps=2, num_workers=2),
-                   Config(micro_batch_size=64)):
+    # 64 samples a step: ~75.5 s (+-30%); even at 53 s, warm-up and two windows need 243 s.
+    for config in (Config(micro_batch_size=64), Config(micro_batch_size=8, grad_accum_steps=8),
+                   Config(micro_batch_size=16, grad_accum_steps=4, num_workers=2),
+                   Config(micro_batch_size=32, grad_accum_steps=2)):
         plan = plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
                           left_s=600.0)
         assert plan.too_slow is not None, config
         assert plan.too_slow.startswith("predicted-too-slow: ~")
-        assert "--trial-timeout allows 120s" in plan.too_slow and "fitted on trials" in \
+        assert "--trial-timeout allows 144s" in plan.too_slow and "fitted on trials" in \
             plan.too_slow
+    # 32 samples: ~38.3 s (+-30%). At the lower end (26.8 s) warm-up's 3.6 steps, its last
+    # step the first window, and one more window fit 144 s: it runs, with all of them.
+    thirty_two = plan_trial(Config(micro_batch_size=32), model, SETTINGS, trial_timeout_s=180.0,
+                            startup_s=15.0, left_s=600.0)
+    assert thirty_two.too_slow is None and thirty_two.no_room is None
+    assert thirty_two.settings.max_seconds == pytest.approx(MAX_BUDGET_SHARE * 180.0)
     # What the sampler and the search see of it: nothing ran, it does not fit, no memory.
     rec = of_slow_prediction("predicted-too-slow: ...", 38.3, 32, 18 * GIB)
     assert rec.state == TrialState.PRUNED and rec.constraint is None
@@ -102,7 +110,9 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
                       trial_timeout_s=180.0, startup_s=15.0, left_s=600.0)
     assert plan.too_slow is None and plan.no_room is None
     need = measuring_seconds(20.8 * (1 + ASSUMED_ERROR), SETTINGS)
-    assert plan.settings.max_seconds == pytest.approx(min(need, 120.0))  # 2/3 of the timeout
+    # Warm-up (its last step the first window) and a second window: 4.6 steps of 27 s.
+    assert need == pytest.approx(4.6 * 20.8 * (1 + ASSUMED_ERROR))
+    assert plan.settings.max_seconds == pytest.approx(min(need, MAX_BUDGET_SHARE * 180.0))
     assert plan.settings.max_seconds > SETTINGS.max_seconds
     # Sized for three windows, it stops at three.
     assert plan.settings.max_windows == SETTINGS.min_windows == 3
@@ -118,15 +128,17 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
 
 
 def test_a_script_s_budget_leaves_the_trial_timeout_room_for_its_unmeasured_steps() -> None:
-    # One trial at 20.8 s a step (scaled, +-30%): a built-in trial gets 120 s of measuring; a
-    # script's trial also runs its first step and the one it stops after within the timeout.
+    # One trial at 20.8 s a step (scaled, +-30%): a built-in trial gets the 124 s its warm-up
+    # and two windows need; a script's trial also runs its first step and the one it stops
+    # after within the timeout, so its measuring budget is what is left of 144 s after them.
     kwargs = {"trial_timeout_s": 180.0, "startup_s": 15.0, "left_s": 600.0}
     builtin = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3[:1]), SETTINGS,
                          **kwargs)
     script = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3[:1]), SETTINGS,
                         unmeasured_steps=2, **kwargs)
     outside = 2 * script.prediction.step_s * (1 + ASSUMED_ERROR)
-    assert script.settings.max_seconds == pytest.approx(builtin.settings.max_seconds - outside)
+    assert builtin.settings.max_seconds < MAX_BUDGET_SHARE * 180.0
+    assert script.settings.max_seconds == pytest.approx(MAX_BUDGET_SHARE * 180.0 - outside)
 
 
 def test_startup_is_measured_from_trials_with_a_safety_margin() -> None:
@@ -138,18 +150,19 @@ def test_startup_is_measured_from_trials_with_a_safety_margin() -> None:
 def test_the_staged_start_stops_doubling_at_a_predicted_too_slow_batch() -> None:
     hw = fake_cpu(bf16=False)
     space = narrow(load_space("default"), hw, 1, Config())
-    model = StepTimeModel(ZEN3[:1] + [ok(16, 16 / 19.7, 1)])
+    # 8, 16 and 32 took 10.4, 19.7 and 33 s a step: 64 would take ~63 s.
+    obs = ZEN3[:1] + [ok(16, 16 / 19.7, 1), ok(32, 32 / 33.0, 2)]
+    model = StepTimeModel(obs)
 
     def too_slow(c: Config) -> bool:
         return plan_trial(c, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
                           left_s=None).too_slow is not None
 
-    obs = ZEN3[:1] + [ok(16, 16 / 19.7, 1)]
     memory = MemoryModel(obs, "cpu", 18 * GIB)
-    # Without the step-time model, the next doubling (32) would be started.
+    # Without the step-time model, the next doubling (64) would be started.
     nxt = staged_next(space, Config(), obs, memory)
-    assert nxt is not None and nxt.config.micro_batch_size == 32
-    # With it, 32 and everything above count as not fitting: the staged start is done.
+    assert nxt is not None and nxt.config.micro_batch_size == 64
+    # With it, 64 and everything above count as not fitting: the staged start is done.
     assert staged_next(space, Config(), obs, memory, too_slow=too_slow) is None
 
 
@@ -210,11 +223,23 @@ def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
         CONFIRM_SHARE * 720.0)
     assert reserve(_snap(base_only), 0, 3, 720.0, SETTINGS) == 0.0  # --confirm-top 0
     # Steps of ~1 s: once two configs ran, what the whole plan costs, well within the share.
-    fast = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 14.0, 30.0)]
+    fast = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 8.6, 30.0)]
     cost = costs(_snap(fast), candidates(_snap(fast), 3), SETTINGS)
     assert cost[0] == pytest.approx(0.2 * 30.0 + confirm_settings(SETTINGS, 1.0).max_seconds)
     assert reserve(_snap(fast), 3, 3, 720.0, SETTINGS) == pytest.approx(
         3 * (cost[0] + 2 + cost[1] + 2))
+    # A lead many times the noise (75% over a 2% noise): one round of the two is kept.
+    decisive = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 14.0, 30.0)]
+    one = costs(_snap(decisive), candidates(_snap(decisive), 3), SETTINGS)
+    assert reserve(_snap(decisive), 3, 3, 720.0, SETTINGS) == pytest.approx(
+        one[0] + 2 + one[1] + 2)
+    # ... unless a runner-up within the margin of the best joins: then rounds tell them apart.
+    close = [*decisive, _ok_trial(2, 32, 13.9, 30.0)]
+    assert [c.number for c in candidates(_snap(close), 3)] == [1, 2, 0]
+    assert reserve(_snap(close), 3, 3, 720.0, SETTINGS) > 2 * 3 * (cost[0] + 2)
+    # A config far behind the best does not join.
+    behind = [*decisive, _ok_trial(2, 32, 11.0, 30.0)]
+    assert [c.number for c in candidates(_snap(behind), 3)] == [1, 0]
     # Zen 3's steps (10 s and 20 s): the smallest plan, the best and the baseline twice,
     # needs more than the share; it is kept when within CONFIRM_MAX_SHARE, else nothing is.
     slow = [_ok_trial(0, 8, 8 / 10.4, 80.0, baseline=True), _ok_trial(1, 16, 16 / 19.7, 150.0)]

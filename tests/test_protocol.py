@@ -31,6 +31,7 @@ from autotune.trial.protocol import (
     steps_per_window,
     too_slow,
     warmup_ended,
+    window_counts,
     windows_done,
 )
 from autotune.trial.result import Window
@@ -50,11 +51,12 @@ def test_warm_up_ends_when_two_steps_in_a_row_agree() -> None:
 def test_warm_up_never_ends_before_its_minimum() -> None:
     # One step agrees with nothing, and has used more than the time share: still not steady.
     assert warmup_ended([30.0], 30.0, S) is None
-    at_least_three = replace(S, warmup_min_steps=3)
-    assert warmup_ended([1.0, 1.0], 2.0, at_least_three) is None
-    assert warmup_ended([1.0, 1.0, 1.0], 3.0, at_least_three) == STABLE
-    # A minimum of one compares nothing until there are two steps (no crash on one).
+    at_least_four = replace(S, warmup_min_steps=4)
+    assert warmup_ended([1.0, 1.0, 1.0], 3.0, at_least_four) is None
+    assert warmup_ended([1.0, 1.0, 1.0, 1.0], 4.0, at_least_four) == STABLE
+    # A minimum of one compares nothing until there are two steps after the first.
     assert warmup_ended([1.0], 1.0, replace(S, warmup_min_steps=1)) is None
+    assert warmup_ended([1.0, 1.0], 2.0, replace(S, warmup_min_steps=1)) is None
 
 
 def test_long_unsteady_steps_end_warm_up_on_time_to_leave_room_for_windows() -> None:
@@ -62,7 +64,10 @@ def test_long_unsteady_steps_end_warm_up_on_time_to_leave_room_for_windows() -> 
     assert warmup_ended([20.0, 12.0], share, S) is None  # not past it yet
     assert warmup_ended([20.0, 12.0], share + 0.1, S) == TIME
     # Steady wins over time: a warm-up that ends both ways is stable.
-    assert warmup_ended([12.0, 12.0], share + 0.1, S) == STABLE
+    assert warmup_ended([20.0, 12.0, 12.0], share + 0.1, S) == STABLE
+    # The first step never counts towards steady: it agreeing with the second is chance.
+    assert warmup_ended([12.0, 12.0], share + 0.1, S) == TIME
+    assert warmup_ended([8.97, 7.93], 16.9, S) is None
 
 
 def test_warm_up_that_never_settles_ends_at_its_step_cap() -> None:
@@ -127,6 +132,21 @@ def test_measuring_stops_at_the_window_cap_or_the_budget() -> None:
     assert windows_done([100.0], 50.0, 10.1, S) == BUDGET_SPENT
 
 
+def test_where_a_step_fills_a_window_two_windows_settle_and_three_at_most() -> None:
+    """BERT-base on a 2-core CPU takes seconds a step: each window costs a whole step."""
+    assert window_counts(steps_per_window(0.3, S), S) == (3, 10)  # short steps: the settings'
+    assert steps_per_window(1.0, S) == steps_per_window(12.0, S) == 1
+    assert window_counts(1, S) == (2, 3)
+    assert windows_done([2.40, 2.42], 30.0, 10.0, S, per_window=1) == SETTLED
+    assert windows_done([2.40, 2.70], 30.0, 10.0, S, per_window=1) is None  # they disagree
+    assert windows_done([2.40, 2.70, 2.50], 40.0, 10.0, S, per_window=1) == MAX_WINDOWS
+    # Windows of two short steps keep the settings' counts, even where the steps slow down
+    # past a window's length later (the windows were sized once, from warm-up's last step).
+    assert windows_done([2.40, 2.70, 2.50], 40.0, 10.0, S, per_window=2) is None
+    # The settings' own caps still hold: one window where one is all they allow.
+    assert window_counts(1, replace(S, min_windows=1, max_windows=1)) == (1, 1)
+
+
 def test_a_single_window_can_settle_when_one_is_enough() -> None:
     assert windows_done([100.0], 1.0, 1.0, replace(S, min_windows=1)) == SETTLED
 
@@ -137,16 +157,32 @@ def test_measuring_time_is_warm_up_and_windows_at_most() -> None:
     # Short steps: warm-up's minimum plus the first step's extra, then windows a step longer
     # than min_window_s at most.
     assert measuring_seconds(0.3, S) == pytest.approx((2 + 1.6) * 0.3 + 3 * (1.0 + 0.3))
-    # Long steps: a window is one step.
-    assert measuring_seconds(5.0, S) == pytest.approx((2 + 1.6) * 5.0 + 3 * 5.0)
-    assert measuring_seconds(5.0, S, windows=2) == pytest.approx((2 + 1.6) * 5.0 + 2 * 5.0)
+    # Long steps: a window is one step, two windows are the fewest, and warm-up's last, steady
+    # step is the first of them.
+    assert measuring_seconds(5.0, S) == pytest.approx((2 + 1.6) * 5.0 + 1 * 5.0)
+    assert measuring_seconds(5.0, S, windows=3) == pytest.approx((2 + 1.6) * 5.0 + 2 * 5.0)
 
 
 @pytest.mark.parametrize("step_s", [0.01, 0.07, 0.3, 0.33, 0.5, 0.99, 1.0, 1.01, 7.0])
 def test_the_budget_model_holds_every_window_the_loop_would_time(step_s: float) -> None:
     window = steps_per_window(step_s, S) * step_s
-    warm_and_one = measuring_seconds(step_s, S, windows=1) - measuring_seconds(step_s, S, 0)
-    assert S.min_window_s <= window + 1e-12 and window <= warm_and_one + 1e-12
+    one_more = measuring_seconds(step_s, S, windows=3) - measuring_seconds(step_s, S, 2)
+    assert S.min_window_s <= window + 1e-12 and window <= one_more + 1e-12
+
+
+def test_warm_ups_last_steady_step_is_the_first_window_where_a_step_fills_one() -> None:
+    stable = WarmUp(step_times=[16.0, 10.0, 10.2], ended_by=STABLE)
+    assert protocol.first_window_from_warmup(stable, S)
+    short = WarmUp(step_times=[0.5, 0.3, 0.31], ended_by=STABLE)
+    assert not protocol.first_window_from_warmup(short, S)  # windows of several steps
+    unsettled = WarmUp(step_times=[16.0, 10.0, 13.0], ended_by=protocol.TIME)
+    assert not protocol.first_window_from_warmup(unsettled, S)  # no steady step proven
+    # Steps 1 and 2 agreed within warm-up's 15%, but a second step is still warming (seen:
+    # 8.97 s, 7.93 s, then 6.7 s steps): not a window.
+    second = WarmUp(step_times=[8.97, 7.93], ended_by=STABLE)
+    assert not protocol.first_window_from_warmup(second, S)
+    loose = WarmUp(step_times=[16.0, 11.0, 10.0], ended_by=STABLE)  # 9% apart: not steady enough
+    assert not protocol.first_window_from_warmup(loose, S)
 
 
 # -- what the windows say -------------------------------------------------------------------------
@@ -256,6 +292,10 @@ def _driver(tmp_path: Path, steps: list[float], settings: MeasureSettings) -> St
     # Never steady within the tolerance: warm-up ends at its cap, windows stop at theirs.
     ([0.2, 0.1] * 4 + [0.1, 0.2] * 40, replace(S, min_window_s=0.25, max_windows=4),
      (MAX_STEPS, 3, 4)),
+    # Long steady steps: warm-up's last step is the first window; two agree and settle.
+    ([8.0, 5.0, 5.1, 5.05, 5.0, 5.0], S, (STABLE, 1, 2)),
+    # Long steps that disagree: a third window, then the cap for long steps.
+    ([8.0, 5.0, 5.1, 6.0, 5.0, 5.0, 5.0], S, (STABLE, 1, 3)),
     # Long unsteady steps: warm-up ends on time, one window, then the budget is spent.
     ([3.0, 4.5, 3.0, 6.0] + [4.0] * 10, replace(S, max_seconds=20.0), (TIME, 1, 1)),
 ])

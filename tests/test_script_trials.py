@@ -122,8 +122,8 @@ def test_windows_count_every_rank_s_samples_at_the_slowest_rank_s_pace(tmp_path:
 
 def test_windows_follow_the_script_s_pace(tmp_path: Path) -> None:
     ends = [time.time() - 10]  # the step files of a script that started 10 s ago
-    for i in range(40):
-        ends.append(ends[-1] + (0.1 if i < 20 else 0.2))
+    for i in range(40):  # warm-up takes three steps; then windows of two: 9 of 0.1 s steps
+        ends.append(ends[-1] + (0.1 if i < 21 else 0.2))
     _steps(tmp_path, 0, ends)
     d = _driver(tmp_path, settings=MeasureSettings(min_window_s=0.19, max_windows=30,
                                                    max_seconds=100.0, target_cv=-1.0))

@@ -209,8 +209,10 @@ class StepDriver:
             warm.ended_by = protocol.warmup_ended(warm.step_times,
                                                   self._ends(step) - warm.started, s)
             if warm.ended_by is not None:
-                self.warm_end = step
                 self.per_window = protocol.steps_per_window(seconds, s)
+                # Warm-up's last, steady step is the first window where one step fills it.
+                self.warm_end = step - 1 if protocol.first_window_from_warmup(warm, s) \
+                    else step
 
     def _measure(self, steps: int) -> None:
         """Time the windows the reported steps complete, until the protocol stops them."""
@@ -236,7 +238,7 @@ class StepDriver:
                        **({"data_wait_s": window["data_wait_s"]}
                           if "data_wait_s" in window else {}))
             if protocol.windows_done(rates, self._ends(b) - self.warmup.started, seconds,
-                                     self.settings):
+                                     self.settings, self.per_window):
                 self._finish("ok", None)
 
     def _check_progress(self) -> None:

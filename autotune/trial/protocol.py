@@ -33,6 +33,12 @@ FIRST_STEP_ALLOWANCE = 2.0
 STEADY_ALLOWANCE = 1.25
 # The fewest windows that give a spread: one window's rate has no spread.
 SPREAD_WINDOWS = 2
+# Where one step fills a window (steps of ``min_window_s`` or more: BERT-base on a 2-core CPU
+# takes 3-30 s a step), each window costs a whole step: two windows give the spread, and a
+# third is timed only when they disagree by more than ``target_cv``.
+LONG_STEP_MAX_WINDOWS = 3
+# How closely warm-up's last two steps must agree for the last to count as a window.
+SHARED_STEP_TOLERANCE = 0.05
 # A step time below this is no basis for sizing a window (a clock that did not advance).
 _MIN_STEP_S = 1e-6
 
@@ -50,6 +56,9 @@ class WarmUp:
     step_times: list[float] = field(default_factory=list)
     ended_by: str | None = None
     started: float = 0.0
+    # The last step as this rank timed it (its own seconds, data and all-reduce waits): the
+    # first window when ``first_window_from_warmup``.
+    last: dict[str, float] = field(default_factory=dict)
 
     def record(self, seconds: float) -> WarmUpInfo:
         """Its form in the result, ``seconds`` long in all."""
@@ -60,18 +69,37 @@ class WarmUp:
 def warmup_ended(step_times: Sequence[float], elapsed: float,
                  settings: MeasureSettings) -> str | None:
     """Why warm-up ends after these steps, or None to time another: from ``warmup_min_steps``
-    on, the last two agree within ``warmup_tolerance`` (``STABLE``), or ``elapsed`` seconds
-    since warm-up started passed ``WARMUP_TIME_SHARE`` of the budget (``TIME``; before the
-    minimum never: the first step is no measure of steady state); at ``warmup_max_steps``,
-    ``MAX_STEPS``."""
+    on, the last two agree within ``warmup_tolerance``, neither of them the first
+    (``STABLE``), or ``elapsed`` seconds since warm-up started passed ``WARMUP_TIME_SHARE`` of
+    the budget (``TIME``; before the minimum never: the first step is no measure of steady
+    state); at ``warmup_max_steps``, ``MAX_STEPS``."""
     n = len(step_times)
-    if n >= max(settings.warmup_min_steps, 2):
+    # The pair that agrees never includes the first step: its one-time costs can make it match
+    # the second by chance (a BERT trial here: 8.97 s, 7.93 s, then steady steps of 6.7 s).
+    if n >= max(settings.warmup_min_steps, 3):
         a, b = step_times[-2], step_times[-1]
         if abs(a - b) / max(a, b, 1e-12) <= settings.warmup_tolerance:
             return STABLE
     if n >= settings.warmup_min_steps and elapsed > WARMUP_TIME_SHARE * settings.max_seconds:
         return TIME
     return MAX_STEPS if n >= settings.warmup_max_steps else None
+
+
+def first_window_from_warmup(warm: WarmUp, settings: MeasureSettings) -> bool:
+    """Whether warm-up's last step is also the first timed window: warm-up ended because its
+    last two steps agree, neither of them the first (which carries one-time costs), within
+    ``SHARED_STEP_TOLERANCE`` (so the last is a steady step, timed whole, data loading
+    included, synchronised at both edges, as a window is), and one step fills a window. Where
+    steps take seconds this saves a whole step per trial; elsewhere windows are sized from
+    warm-up's last step and start after it. (A BERT trial here ended warm-up on steps 1 and 2,
+    8.97 s and 7.93 s, within 15%; its steady steps took 6.7 s: a second step is no steady
+    one.)"""
+    times = warm.step_times
+    if warm.ended_by != STABLE or len(times) < 3:
+        return False
+    a, b = times[-2], times[-1]
+    return abs(a - b) / max(a, b, 1e-12) <= SHARED_STEP_TOLERANCE \
+        and steps_per_window(b, settings) == 1
 
 
 def too_slow(step_s: float, steps_done: int, elapsed: float, settings: MeasureSettings) -> bool:
@@ -99,16 +127,29 @@ def steps_per_window(step_s: float, settings: MeasureSettings) -> int:
     return max(1, math.ceil(settings.min_window_s / max(step_s, _MIN_STEP_S)))
 
 
+def window_counts(per_window: int, settings: MeasureSettings) -> tuple[int, int]:
+    """The fewest and the most timed windows of ``per_window`` steps each: the settings', or,
+    where one step fills a window (``per_window`` 1: ``steps_per_window`` of a step of
+    ``min_window_s`` or more), ``SPREAD_WINDOWS`` and ``LONG_STEP_MAX_WINDOWS`` (never more
+    than the settings'). Decided once, from warm-up's last step: a trial whose steps slow
+    down later keeps the windows it started with."""
+    if per_window != 1:
+        return settings.min_windows, settings.max_windows
+    least = min(settings.min_windows, SPREAD_WINDOWS)
+    return least, max(least, min(settings.max_windows, LONG_STEP_MAX_WINDOWS))
+
+
 def windows_done(rates: Sequence[float], elapsed: float, last_s: float,
-                 settings: MeasureSettings) -> str | None:
+                 settings: MeasureSettings, per_window: int = 0) -> str | None:
     """Why measuring stops after windows of these ``rates`` (the last ``last_s`` seconds long,
-    ``elapsed`` since warm-up started), or None to time another: ``min_windows`` agree within
-    ``target_cv`` (``SETTLED``), ``max_windows`` (``MAX_WINDOWS``), or another window like the
-    last would run past the budget, warm-up included (``BUDGET_SPENT``; never before the
-    first window)."""
-    if len(rates) >= settings.min_windows and median_and_cv(rates)[1] <= settings.target_cv:
+    ``elapsed`` since warm-up started, ``per_window`` steps each; 0: not known), or None to
+    time another: the fewest windows (``window_counts``) agree within ``target_cv``
+    (``SETTLED``), the most (``MAX_WINDOWS``), or another window like the last would run past
+    the budget, warm-up included (``BUDGET_SPENT``; never before the first window)."""
+    least, most = window_counts(per_window, settings)
+    if len(rates) >= least and median_and_cv(rates)[1] <= settings.target_cv:
         return SETTLED
-    if len(rates) >= settings.max_windows:
+    if len(rates) >= most:
         return MAX_WINDOWS
     return BUDGET_SPENT if elapsed + last_s > settings.max_seconds else None
 
@@ -119,11 +160,14 @@ def measuring_seconds(step_s: float, settings: MeasureSettings,
     of ``step_s``, at most: the first step carries start-up costs (``FIRST_STEP_FACTOR``), so
     it rarely agrees with the second and warm-up takes one step more than its minimum; a window
     is at least ``min_window_s`` and one step, and at most a step more (``steps_per_window``
-    rounds up)."""
+    rounds up). Where one step fills a window, the fewest windows are ``window_counts``', and
+    warm-up's last step is the first of them (``first_window_from_warmup``)."""
     warm = (settings.warmup_min_steps + FIRST_STEP_FACTOR) * step_s
-    window = max(settings.min_window_s, step_s) + (step_s if step_s < settings.min_window_s
-                                                     else 0.0)
-    return warm + (settings.min_windows if windows is None else windows) * window
+    per_window = steps_per_window(step_s, settings)
+    long = per_window == 1
+    window = max(settings.min_window_s, step_s) + (0.0 if long else step_s)
+    count = window_counts(per_window, settings)[0] if windows is None else windows
+    return warm + max(count - (1 if long else 0), 0) * window
 
 
 # -- what the windows say -------------------------------------------------------------------------

@@ -31,6 +31,7 @@ class Window(TypedDict):
     data_wait_s: NotRequired[float]  # absent: not measured (a script that does not report it)
     comm_wait_s: NotRequired[float]  # multi-rank trials that time the all-reduce
     slowest_rank: NotRequired[int]
+    from_warmup: NotRequired[bool]  # warm-up's last, steady step (first_window_from_warmup)
 
 
 class WarmUpInfo(TypedDict, total=False):

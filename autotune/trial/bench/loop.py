@@ -79,12 +79,17 @@ def warm_up(trainer: Trainer, settings: MeasureSettings, progress: Progress) -> 
     first = _FirstStep(trainer, settings, warm.started)
     times = warm.step_times
     while warm.ended_by is None:
+        if trainer.comm is not None:
+            trainer.comm.take_wait()  # only this step's all-reduce wait is kept
         trainer.sync()
         t = time.perf_counter()
-        trainer.step(first if not times else None)
+        wait = trainer.step(first if not times else None)
         trainer.sync()
-        step_s, elapsed = trainer.ranks.agree(time.perf_counter() - t,
-                                              time.time() - warm.started)
+        own = time.perf_counter() - t
+        step_s, elapsed = trainer.ranks.agree(own, time.time() - warm.started)
+        warm.last = {"seconds": own, "data_wait_s": wait}
+        if trainer.comm is not None:
+            warm.last["comm_wait_s"] = trainer.comm.take_wait()
         times.append(step_s)
         progress.emit("warmup_step", seconds=step_s)
         # Below warm-up's minimum the steps say whether the config can be measured at all.
@@ -103,23 +108,40 @@ def measure_windows(trainer: Trainer, settings: MeasureSettings, progress: Progr
     steps = protocol.steps_per_window(warm.step_times[-1], settings)
     rates: list[float] = []
     done = None
+    if protocol.first_window_from_warmup(warm, settings):
+        # Warm-up's last step agreed with the one before: a steady step, timed whole.
+        last = warm.last
+        window: Window = {"steps": 1, "seconds": last["seconds"],
+                          "data_wait_s": last["data_wait_s"],
+                          "samples": config.samples_per_rank_step, "from_warmup": True}
+        if "comm_wait_s" in last:
+            window["comm_wait_s"] = last["comm_wait_s"]
+        done = _ended(trainer, settings, progress, warm, windows, window, rates)
     while done is None:
         trainer.sync()
         t = time.perf_counter()
         wait = sum(trainer.step() for _ in range(steps))
         trainer.sync()
         seconds = time.perf_counter() - t
-        window: Window = {"steps": steps, "seconds": seconds, "data_wait_s": wait,
-                          "samples": steps * config.samples_per_rank_step}
+        window = {"steps": steps, "seconds": seconds, "data_wait_s": wait,
+                  "samples": steps * config.samples_per_rank_step}
         if trainer.comm is not None:
             window["comm_wait_s"] = trainer.comm.take_wait()
-        windows.append(window)
-        slowest, elapsed = trainer.ranks.agree(seconds, time.time() - warm.started)
-        samples = steps * config.samples_per_step
-        rates.append(samples / slowest)
-        progress.emit("window", index=len(windows) - 1, samples=samples, seconds=slowest,
-                      data_wait_s=wait, comm_wait_s=window.get("comm_wait_s", 0.0),
-                      samples_per_sec=rates[-1])
-        check_finite(trainer, f"window {len(windows)}")
-        done = protocol.windows_done(rates, elapsed, slowest, settings)
+        done = _ended(trainer, settings, progress, warm, windows, window, rates)
     return steps
+
+
+def _ended(trainer: Trainer, settings: MeasureSettings, progress: Progress, warm: WarmUp,
+           windows: list[Window], window: Window, rates: list[float]) -> str | None:
+    """Keep a timed ``window``, say it, and whether measuring stops after it (on the slowest
+    rank's time, which every rank agrees on)."""
+    windows.append(window)
+    steps = window["steps"]
+    slowest, elapsed = trainer.ranks.agree(window["seconds"], time.time() - warm.started)
+    samples = steps * trainer.config.samples_per_step
+    rates.append(samples / slowest)
+    progress.emit("window", index=len(windows) - 1, samples=samples, seconds=slowest,
+                  data_wait_s=window["data_wait_s"], comm_wait_s=window.get("comm_wait_s", 0.0),
+                  samples_per_sec=rates[-1])
+    check_finite(trainer, f"window {len(windows)}")
+    return protocol.windows_done(rates, elapsed, slowest, settings, steps)
