@@ -13,6 +13,7 @@ from autotune.tuner.confirmation import (
     Candidate,
     confirmation_seconds,
     decide,
+    decided_in_one_round,
     plan_confirmation,
 )
 from autotune.tuner.search import (
@@ -164,6 +165,12 @@ def test_prune_only_when_every_early_window_is_clearly_below_the_best() -> None:
     # Judged on the first two windows only, however many arrived before the tuner looked.
     assert prune_reason([50.0, 60.0, 90.0], 100.0) is not None
     assert prune_reason([50.0, 60.0], None) is None  # no best yet
+    # Where each window is one whole step (seconds), the first window decides when it is far
+    # behind (below 0.6x), and only then.
+    reason = prune_reason([55.0], 100.0, one_step_windows=True)
+    assert reason is not None and reason.startswith("its first window (one whole step)")
+    assert prune_reason([65.0], 100.0, one_step_windows=True) is None
+    assert prune_reason([65.0, 70.0], 100.0, one_step_windows=True) is not None  # then two
 
 
 def cand(number: int, rates: list[float], peak: float, **kw: Any) -> Candidate:
@@ -216,3 +223,26 @@ def test_confirmation_shrinks_to_the_time_left() -> None:
     assert isinstance(why, str) and why.startswith("two rounds of 2 configs need ~") and \
         "a longer --timeout" in why
     assert plan_confirmation([base], walls, 3, None) == "fewer than two configs measured ok"
+    # Where the search's lead is decisive, the best and the baseline need one round only: the
+    # runners-up go first, then one round of the two fits where two did not.
+    plan = plan_confirmation(cands, walls, 3, 60.0, pair_rounds=1)
+    assert not isinstance(plan, str) and [c.number for c in plan[0]] == [3, 0] and plan[1] == 1
+    plan = plan_confirmation(cands, walls, 3, 110.0, pair_rounds=1)  # three configs need two
+    assert not isinstance(plan, str) and [c.number for c in plan[0]] == [3, 5, 0] and plan[1] == 2
+    why = plan_confirmation(cands, walls, 3, 30.0, pair_rounds=1)
+    assert isinstance(why, str) and why.startswith("one round of 2 configs need ~34s")
+
+
+def test_one_round_decides_only_a_lead_many_times_the_margin() -> None:
+    base = Candidate(0, Config(), rates=[1.1], peaks=[GiB], window_cvs=[0.01], is_baseline=True)
+    fast = Candidate(3, Config(amp="bf16"), rates=[2.4], peaks=[GiB], window_cvs=[0.02])
+    why = decided_in_one_round([fast, base], 80 * GiB)
+    assert why is not None and why.startswith("one round: the winner leads the baseline by 118%")
+    # A 10% lead over a 2% margin is not decisive: a second round is needed.
+    near = Candidate(4, Config(micro_batch_size=16), rates=[1.21], peaks=[GiB], window_cvs=[0.01])
+    assert decided_in_one_round([near, base], 80 * GiB) is None
+    # A runner-up beside the winner: one round cannot tell the two apart.
+    assert decided_in_one_round([fast, near, base], 80 * GiB) is None
+    # The baseline fastest: nothing to decide in one round.
+    slow = Candidate(5, Config(micro_batch_size=4), rates=[0.2], peaks=[GiB], window_cvs=[0.01])
+    assert decided_in_one_round([slow, base], 80 * GiB) is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow, parse_space
 from autotune.testing.hardware import fake_cpu, fake_gpus
@@ -121,21 +123,75 @@ def test_the_default_space_does_not_cap_the_micro_batch() -> None:
     assert max(space.searched["micro_batch_size"].values) >= 65536  # type: ignore[union-attr]
 
 
-def test_doubling_stops_when_two_doublings_gain_less_than_the_noise() -> None:
-    space = narrow(parse_space({"knobs": {"micro_batch_size": {"choices": [
-        8, 16, 32, 64, 128, 256, 512]}}}, "t", "<test>"), fake_cpu(), 1,
-        Config(micro_batch_size=8))
+def _line_space(amps: tuple[str, ...] = ("off",)) -> Any:
+    knobs: dict[str, Any] = {"micro_batch_size": {"choices": [4, 8, 16, 32, 64, 128, 256, 512]}}
+    if len(amps) > 1:
+        knobs["amp"] = {"choices": list(amps)}
+    return narrow(parse_space({"knobs": knobs}, "t", "<test>"), fake_cpu(bf16=True), 1,
+                  Config(micro_batch_size=8))
+
+
+def test_doubling_stops_when_two_doublings_gain_less_than_the_noise_or_mfu_is_near_peak(
+        ) -> None:
+    space = _line_space()
     model = MemoryModel([], "cpu", 100 * 2**30)
 
-    def run(rates: dict[int, float]) -> int | None:
-        obs = [Observation(Config(micro_batch_size=m), "ok", r, 2**30, spread_cv=0.01)
+    def run(rates: dict[int, float], mfu: float | None = None) -> int | None:
+        obs = [Observation(Config(micro_batch_size=m), "ok", r, 2**30, spread_cv=0.01, mfu=mfu,
+                           peak_tflops=1.0 if mfu else None)
                for m, r in rates.items()]
         p = staged_next(space, Config(micro_batch_size=8), obs, model)
         return None if p is None else p.config.micro_batch_size
 
     assert run({8: 100.0, 16: 180.0, 32: 300.0}) == 64  # still gaining: double again
     assert run({8: 100.0, 16: 101.0, 32: 100.5}) is None  # two flat doublings: stop
-    assert run({8: 100.0, 16: 180.0, 32: 181.0}) == 64  # one flat doubling is not enough
+    # One flat doubling is not enough: a search trial drifts by more than its windows' noise.
+    assert run({8: 100.0, 16: 180.0, 32: 181.0}) == 64
+    # Gaining, but the MFU is near the precision's measured peak: no compute left to gain.
+    assert run({8: 100.0, 16: 180.0}, mfu=0.95) is None
+    assert run({8: 100.0, 16: 180.0}, mfu=0.5) == 32
+    # The line's fastest is its smallest batch, by more than the noise, two doublings on: step
+    # down once.
+    assert run({8: 100.0, 16: 90.0, 32: 85.0}) == 4
+
+
+def test_the_precision_with_the_most_measured_headroom_goes_first() -> None:
+    """The baseline (fp32) reaches 56% of the measured fp32 peak; bf16's measured peak is ~4x
+    fp32's: the bf16 line starts right after the baseline, at the baseline's batch."""
+    space = _line_space(("off", "bf16"))
+    base = Config(micro_batch_size=8)
+    model = MemoryModel([], "cpu", 100 * 2**30)
+    peaks = {"off": 0.17, "bf16": 0.66}
+    obs = [Observation(base, "ok", 1.11, 2**30, spread_cv=0.01, mfu=0.56, peak_tflops=0.17)]
+    p = staged_next(space, base, obs, model, peaks=peaks)
+    assert p is not None and p.config.amp == "bf16" and p.config.micro_batch_size == 8
+    assert "amp bf16" in p.stage
+    # Without the probe's peaks the baseline's precision comes first, as before.
+    p = staged_next(space, base, obs, model)
+    assert p is not None and p.config.amp == "off" and p.config.micro_batch_size == 16
+    # bf16 slower than fp32 at its peak (emulated, as on a CPU without native bf16): fp32 first.
+    low = [Observation(base, "ok", 1.11, 2**30, spread_cv=0.01, mfu=0.1, peak_tflops=0.17)]
+    p = staged_next(space, base, low, model, peaks={"off": 0.17, "bf16": 0.09})
+    assert p is not None and p.config.amp == "off"
+
+
+def test_a_precision_whose_peak_a_measured_config_already_passes_is_not_searched() -> None:
+    """bf16 at batch 8, 16 and 32 achieved 0.2 TFLOP/s, above fp32's measured peak of 0.17: no
+    fp32 batch can beat it, so the fp32 line is not doubled; the staged start is over."""
+    space = _line_space(("off", "bf16"))
+    base = Config(micro_batch_size=8)
+    model = MemoryModel([], "cpu", 100 * 2**30)
+    peaks = {"off": 0.17, "bf16": 0.66}
+    obs = [Observation(base, "ok", 1.11, 2**30, spread_cv=0.01, mfu=0.56, peak_tflops=0.17)]
+    for micro, rate in ((8, 2.4), (16, 2.41), (32, 2.4)):
+        obs.append(Observation(Config(micro_batch_size=micro, amp="bf16"), "ok", rate, 2**30,
+                               spread_cv=0.01, mfu=0.3, peak_tflops=0.66))
+    assert staged_next(space, base, obs, model, peaks=peaks) is None
+    # Below fp32's peak, the fp32 line is searched after bf16's.
+    slow = obs[:1] + [Observation(o.config, "ok", 1.2, 2**30, spread_cv=0.01, mfu=0.2,
+                                  peak_tflops=0.66) for o in obs[1:]]
+    p = staged_next(space, base, slow, model, peaks=peaks)
+    assert p is not None and p.config.amp == "off"
 
 
 def test_a_study_follows_the_incumbents_diagnosis_and_records_why(tmp_path) -> None:  # noqa: ANN001
@@ -192,3 +248,18 @@ def test_a_line_fastest_at_its_smallest_batch_steps_down() -> None:
     assert staged_next(space, Config(micro_batch_size=8),
                        obs({**fp32, (32, "bf16"): 24.0, (64, "bf16"): 23.9,
                             (128, "bf16"): None}), model) is None
+
+
+def test_the_search_reads_each_trials_mfu_and_the_peak_it_was_taken_against() -> None:
+    import optuna
+
+    m = Measurement("ok", None, samples_per_sec=1.11, spread_cv=0.01, mfu=0.56,
+                    peak_tflops=0.17)
+    trial = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.11,
+                                      user_attrs={"config": Config().to_dict(), "status": "ok",
+                                                  "measurement": m.to_dict()})
+    record = read_trial(trial)
+    assert record is not None
+    o = record.observation()
+    assert (o.mfu, o.peak_tflops) == (0.56, 0.17)
+    assert o.achieved == pytest.approx(0.56 * 0.17)

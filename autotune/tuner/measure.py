@@ -93,10 +93,13 @@ class Measurer:
         """One trial process (or torchrun group) for ``config``; with ``prune_below`` (the best
         rate so far), it is stopped once its first windows are all clearly below it."""
         rates: list[float] = []
+        one_step: list[bool] = []  # whether each window was one whole step
 
         def event(e: dict[str, Any]) -> None:
             if e.get("event") == "window":
                 rates.append(float(e["samples_per_sec"]))
+                one_step.append(float(e.get("samples") or 0) <= config.samples_per_step
+                                and float(e.get("seconds") or 0) >= settings.min_window_s)
             if on_event is not None:
                 on_event(e)
 
@@ -128,7 +131,9 @@ class Measurer:
             # The GPUs of an engine's nodes are not this machine's to watch.
             monitor = GpuMonitor(gpus) if self.hw.device == "cuda" and gpus else None
             raw = launch.execute(p, on_event=event, monitor=monitor,
-                                 should_stop=(lambda: prune_reason(rates, prune_below))
+                                 poll_s=launch.poll_interval(settings.min_window_s),
+                                 should_stop=(lambda: prune_reason(
+                                     rates, prune_below, one_step_windows=all(one_step)))
                                  if prune_below else None, interrupt=self.interrupt)
             m = classify(raw, self.hw.device)
         if not flops and m.flops_source == COUNTED:

@@ -26,6 +26,7 @@ from autotune.config.knobs import Config, oversubscribed
 from autotune.config.space import baseline_for_global_batch, load_space, narrow
 from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
+from autotune.machine.probe import peak_for
 from autotune.paths import study_folder
 from autotune.trial.command import parse_command
 from autotune.trial.executors import Executor, start_executor
@@ -268,7 +269,7 @@ class Runner(TrialSteps):
 
         running = snap.pending.running
         proposal = staged_next(self.space, self.baseline, snap.observations, model,
-                               too_slow=too_slow) \
+                               too_slow=too_slow, peaks=self._peaks(snap)) \
             or self._diagnosis_stage(snap, lambda c: model.verdict(c) is not None
                                      or too_slow(c)
                                      or oversubscribed(c, self.hw.cpu_cores) is not None)
@@ -279,6 +280,12 @@ class Runner(TrialSteps):
         self.study.enqueue_trial(self.space.params_for(proposal.config),
                                  user_attrs={"stage": proposal.stage})
         return True
+
+    def _peaks(self, snap: StudySnapshot) -> dict[str, float]:
+        """The probe's measured peak (TFLOP/s per device) of each precision, as far as known."""
+        probe = snap.facts.probe
+        found = {amp: peak_for(probe, amp, self.hw.device) for amp in ("off", "bf16", "fp16")}
+        return {amp: peak for amp, peak in found.items() if peak}
 
     def _diagnosis_stage(self, snap: StudySnapshot,
                          ruled_out: Callable[[Config], bool]) -> Proposal | None:

@@ -7,9 +7,12 @@ Pure functions over what the study has observed (``Observation``); ``runner.py``
   loader knobs). Fitted per combination from the trials that ran; a config predicted above the
   limit minus the headroom is not run. After an OOM, no larger micro-batch with the same
   memory-relevant knobs is tried.
-- **Staged start.** After the baseline, for each precision: the largest micro-batch that fits,
-  by doubling from the baseline's, then bisection between the largest that fit and the smallest
-  that did not (configs the memory model rules out count as not fitting, at no cost).
+- **Staged start.** After the baseline, for each precision (the one with the most measured
+  headroom first): the largest micro-batch that fits, by doubling from the baseline's, then
+  bisection between the largest that fit and the smallest that did not (configs the memory
+  model rules out count as not fitting, at no cost). A line stops doubling once two doublings
+  gained less than the noise or its MFU is near its precision's measured peak; a precision
+  whose measured peak is below what the best config already achieves is not searched.
 - **Pruning.** A trial whose first windows are all clearly below the best is stopped.
 - **Early stop.** When nothing beat the best by more than the noise for ``patience`` trials.
 - **Winner.** Decided by the confirmation (``tuner.confirmation``).
@@ -18,7 +21,7 @@ Pure functions over what the study has observed (``Observation``); ``runner.py``
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +36,15 @@ PRUNE_AFTER_WINDOWS = 2
 # better of its first two windows on BERT, 1.21x on the noisy mlp, so a trial pruned at 0.75x
 # would have finished at most at 0.91x the best.
 PRUNE_BELOW = 0.75
+# Where a window is one whole step (seconds each), a trial is pruned after its first window
+# when that window is below this share of the best: on the BERT grid a config's final median
+# was at most 1.20x its first window, so a trial pruned here would have finished at most at
+# 0.72x the best.
+PRUNE_BELOW_FIRST = 0.6
 PATIENCE = 10
+# A line whose MFU reached this share of its precision's measured peak is not doubled again:
+# a larger batch has no compute left to gain.
+NEAR_PEAK = 0.9
 
 # Knobs that change peak memory besides the micro-batch. On CPU the trial's process tree is
 # measured, so loader workers (separate processes) and their prefetched batches count too.
@@ -55,6 +66,13 @@ class Observation:
     spread_cv: float | None = None
     predicted: bool = False  # skipped on the memory model's word: nothing ran
     number: int = -1
+    mfu: float | None = None  # achieved FLOP/s over the measured peak of its precision
+    peak_tflops: float | None = None  # the peak that MFU was taken against (per device)
+
+    @property
+    def achieved(self) -> float | None:
+        """Achieved TFLOP/s per device (MFU x the peak it was taken against), when known."""
+        return self.mfu * self.peak_tflops if self.mfu and self.peak_tflops else None
 
     @property
     def fits(self) -> bool:
@@ -157,11 +175,40 @@ def micro_values(space: NarrowedSpace, baseline: Config) -> list[int]:
     return list(range(domain.low, domain.high + 1, domain.step))
 
 
-def precisions(space: NarrowedSpace, baseline: Config) -> list[str]:
-    """The baseline's precision first, then the others the space searches."""
+def precisions(space: NarrowedSpace, baseline: Config,
+               headroom: Mapping[str, float] | None = None) -> list[str]:
+    """The precisions the space searches, the one with the most measured ``headroom`` first
+    (its peak over what the baseline achieves: ``headroom_of``); without it, or on a tie,
+    the baseline's first."""
     domain = space.searched.get("amp")
     others = [str(v) for v in domain.values] if isinstance(domain, Choices) else []
-    return [baseline.amp] + [p for p in others if p != baseline.amp]
+    order = [baseline.amp] + [p for p in others if p != baseline.amp]
+    if not headroom:
+        return order
+    return sorted(order, key=lambda p: -headroom.get(p, 0.0))
+
+
+def headroom_of(observations: Sequence[Observation], baseline: Config,
+                peaks: Mapping[str, float]) -> dict[str, float]:
+    """Per precision: its measured peak (``peaks``, TFLOP/s per device, the probe's) over the
+    TFLOP/s the baseline achieved; empty until the baseline measured its MFU."""
+    base = next((o for o in observations if o.config == baseline and o.status == "ok"
+                 and o.achieved), None)
+    if base is None or base.achieved is None:
+        return {}
+    return {amp: peak / base.achieved for amp, peak in peaks.items() if peak}
+
+
+def _beyond_reach(amp: str, observations: Sequence[Observation],
+                  peaks: Mapping[str, float]) -> Observation | None:
+    """A measured config of another precision that already achieves more FLOP/s than
+    ``amp``'s measured peak: no config of that precision can beat it. (A config of the same
+    precision above its own peak says the probe's peak is low, not that the line is done.)"""
+    peak = peaks.get(amp)
+    if not peak:
+        return None
+    return next((o for o in observations if o.status == "ok" and o.config.amp != amp
+                 and o.achieved and o.achieved > peak), None)
 
 
 def _on_line(config: Config, line: Config) -> bool:
@@ -180,36 +227,46 @@ class Proposal:
 
 
 def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[Observation],
-                model: MemoryModel,
-                too_slow: Callable[[Config], bool] | None = None) -> Proposal | None:
+                model: MemoryModel, too_slow: Callable[[Config], bool] | None = None,
+                peaks: Mapping[str, float] | None = None) -> Proposal | None:
     """The next informed config, or None when the staged start is done.
 
-    For each precision (the baseline's first): the micro-batch doubled until a config does not
-    fit (OOM, predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error),
-    then bisection between the largest that fit and the smallest that did not. The first line
-    starts at the baseline's batch; later ones at the largest batch an earlier line fit (lower
-    precision needs less memory), which saves the doublings up to it; a line whose fastest
-    batch is its smallest then steps down until a smaller batch is slower.
+    For each precision (the one with the most measured headroom first, with the probe's
+    ``peaks``; else the baseline's): the micro-batch doubled until a config does not fit (OOM,
+    predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error), two
+    doublings gained less than the noise, or the line's MFU is near its peak; then bisection
+    between the largest that fit and the smallest that did not. The first line starts at the
+    baseline's batch; later ones at the largest batch an earlier line fit, which saves the
+    doublings up to it; a line whose fastest batch is its smallest then steps down until a
+    smaller batch is slower. A precision whose measured peak is below what a measured config
+    already achieves is skipped: it cannot win.
     """
     values = micro_values(space, baseline)
     if len(values) < 2:
         return None
     start = _nearest(values, baseline.micro_batch_size)
     noise = noise_of(observations)
-    for amp in precisions(space, baseline):
+    peaks = peaks or {}
+    for amp in precisions(space, baseline, headroom_of(observations, baseline, peaks)):
         line = space.variant(baseline, amp=amp)
         with_amp = f" with amp {amp}" if amp != "off" else ""
+        if _beyond_reach(amp, observations, peaks) is not None:
+            continue  # a config measured already achieves more than this precision's peak
         seen: dict[int, bool] = {}
         rates: dict[int, float] = {}
+        mfus: dict[int, float] = {}
         for o in observations:
             if _on_line(o.config, line):
                 micro = o.config.micro_batch_size
                 seen[micro] = seen.get(micro, False) or o.fits
                 if o.fits and o.status == "ok" and o.samples_per_sec:
                     rates[micro] = max(rates.get(micro, 0.0), o.samples_per_sec)
+                    if o.mfu:
+                        mfus[micro] = o.mfu
         while (nxt := _next_micro(values, seen, start)) is not None:
-            if _gains_flat(rates, noise) and nxt > max(rates):
-                break  # two doublings gained less than the noise: larger ones will not pay
+            if rates and nxt > max(rates) and (
+                    _gains_flat(rates, noise) or mfus.get(max(rates), 0.0) >= NEAR_PEAK):
+                break  # two doublings gained less than the noise, or no compute is left
             config = space.variant(line, micro_batch_size=nxt)
             if model.verdict(config) or (too_slow is not None and too_slow(config)):
                 seen[nxt] = False  # ruled out by a model: no trial needed
@@ -242,7 +299,12 @@ def _below_the_best(values: list[int], rates: dict[int, float], seen: dict[int, 
 
 def _gains_flat(rates: dict[int, float], noise: float) -> bool:
     """Whether the last two doublings of the micro-batch each gained less than the noise (the
-    micro-batch is no longer what limits the rate: the open-ended space stops growing here)."""
+    micro-batch is no longer what limits the rate: the open-ended space stops growing here).
+    Two, not one: a search trial's figure drifts by more than its windows' noise from one
+    process to the next, and on the slow replay of the BERT grid (benchmarks/slow_replay.py,
+    10 seeds) stopping at the first flat doubling left a 14% regret at 8 minutes where two
+    found the optimum (0%). Where the MFU says no compute is left, one doubling is the last
+    (``NEAR_PEAK``)."""
     sizes = sorted(rates)
     if len(sizes) < 3:
         return False
@@ -303,10 +365,17 @@ def since_improvement(observations: Sequence[Observation], noise: float) -> int:
 
 
 def prune_reason(window_rates: Sequence[float], best: float | None,
-                 after: int = PRUNE_AFTER_WINDOWS, below: float = PRUNE_BELOW) -> str | None:
+                 after: int = PRUNE_AFTER_WINDOWS, below: float = PRUNE_BELOW,
+                 one_step_windows: bool = False) -> str | None:
     """Why a running trial should stop now, or None: its first ``after`` windows are all below
-    ``below`` x the best trial's samples/sec."""
-    if best is None or best <= 0 or len(window_rates) < after:
+    ``below`` x the best trial's samples/sec; where each window is one whole step
+    (``one_step_windows``), already its first window below ``PRUNE_BELOW_FIRST`` x the best."""
+    if best is None or best <= 0 or not window_rates:
+        return None
+    if one_step_windows and window_rates[0] < PRUNE_BELOW_FIRST * best:
+        return (f"its first window (one whole step) reached {window_rates[0]:.4g} samples/s, "
+                f"below {PRUNE_BELOW_FIRST:.2f} x the best trial's {best:.4g}")
+    if len(window_rates) < after:
         return None
     top = max(window_rates[:after])
     if top >= below * best:
