@@ -68,8 +68,15 @@ class _Watch:
     stopped: str | None = None
 
 
+def poll_interval(window_s: float) -> float:
+    """How often the tuner looks at a trial whose windows last ``window_s``: half a window, so
+    pruning reacts within one, and at most four times a second (each look takes a core from a
+    trial that wants them all: ``benchmarks/observer.py``)."""
+    return max(0.02, min(0.25, window_s / 2))
+
+
 def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
-            poll_s: float = 0.1, should_stop: Callable[[], str | None] | None = None,
+            poll_s: float = 0.25, should_stop: Callable[[], str | None] | None = None,
             monitor: Monitor | None = None,
             interrupt: threading.Event | None = None) -> RawResult:
     """Run a planned trial to its end, its timeout or its memory limit; returns what was seen.
@@ -260,7 +267,10 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             watch.stopped = should_stop()
             if watch.stopped:
                 return
-        time.sleep(poll_s)
+        # Woken by the trial's end, else after poll_s: every wake-up takes a core from a trial
+        # that wants them all (benchmarks/observer.py measures what watching costs).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(poll_s)
 
 
 def _result(p: TrialPlan) -> TrialResultDoc | None:

@@ -3,22 +3,28 @@ the trial's loader workers are processes of their own and the kernel does not st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
 import psutil
 
+from autotune.trial.processes import descendants
+
 
 class TreeMemory:
     """The peak memory of a trial's process tree while it runs, and the memory limit's check.
 
-    The figure is PSS, which splits the pages forked loader workers share with their parent, so
-    they are not counted once per worker. PSS is costly to read: the kernel walks every page
-    table of the process under its memory-map lock, and read at 5 Hz it slowed a BERT trial by
-    ~11% on a 2-core CPU (interleaved runs; RSS at 5 Hz: ~2%). So each sample reads RSS, a
-    counter, and PSS only when the tree's RSS passes its last high by RSS_STEP, passes the
-    limit, or PSS_EVERY_S has gone by: RSS >= PSS, so PSS cannot reach a figure RSS has not.
-    Finding the tree's processes reads every process's /proc entry: done every TREE_EVERY_S.
+    The figure of a tree of several processes is PSS, which splits the pages forked loader
+    workers share with their parent, so they are not counted once per worker. PSS is costly to
+    read: the kernel walks every page table of the process under its memory-map lock (~45 ms
+    for a 4 GB BERT trial here), and read at 5 Hz it slowed a BERT trial by ~11% on a 2-core
+    CPU (interleaved runs; RSS at 5 Hz: ~2%). So each sample reads RSS, a counter, and PSS only
+    when the tree's RSS passes its last high by RSS_STEP, passes the limit, or PSS_EVERY_S has
+    gone by: RSS >= PSS, so PSS cannot reach a figure RSS has not. A tree of one process shares
+    its pages with no worker: its RSS is its figure, and PSS is never read.
+    The tree's processes are found by walking it (``processes.descendants``) every
+    TREE_EVERY_S.
     """
 
     RSS_STEP = 1.02
@@ -40,6 +46,9 @@ class TreeMemory:
         procs = self._procs
         rss = sum(_memory(proc, "rss") for proc in procs)
         over = self.limit is not None and rss > self.limit
+        if len(procs) <= 1:
+            self.peak = max(self.peak, rss)
+            return over
         if rss <= self._rss_high * self.RSS_STEP and not over \
                 and now - self._pss_at < self.PSS_EVERY_S:
             return False
@@ -50,11 +59,11 @@ class TreeMemory:
 
 
 def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
+    out = []
+    for each in [pid, *descendants(pid)]:
+        with contextlib.suppress(psutil.Error):
+            out.append(psutil.Process(each))
+    return out
 
 
 def _memory(proc: psutil.Process, kind: str) -> int:
