@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from autotune.profile import load_profile
 from autotune.tuner import snapshot
+from autotune.tuner.confirmation import DECISIVE
 from autotune.tuner.record import TrialRecord, read_trials
 from tests.conftest import FAST, autotune
 
@@ -104,7 +105,8 @@ def test_pruning_and_early_stop(workdir: Path) -> None:
 
 
 def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
-    # Both configs measured (the baseline among them), twice each: four fresh processes.
+    # Both configs measured (the baseline among them), once or twice each: one round where the
+    # winner's lead is decisive (its own test below), else two.
     # --confirm-top 2: with top 1, a noisy run where the baseline measured fastest left one
     # candidate and no confirmation (seen once in CI).
     args = ("run", "--model", "autotune.testing.workloads:tiny", "--trials", "2", "--storage", DB,
@@ -115,14 +117,21 @@ def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
     conf = snapshot.read(study).facts.confirmation
     assert conf is not None
     cands = conf.candidates
-    assert conf.rounds == 2 and len(cands) == 2
-    assert sum(c.baseline for c in cands) == 1  # the baseline is re-measured alongside
-    assert all(len(c.rates) == 2 for c in cands)
+    rounds = conf.rounds
+    assert len(cands) == 2 and sum(c.baseline for c in cands) == 1  # the baseline alongside
+    assert all(len(c.rates) == rounds for c in cands)
+    if rounds == 1:  # decided at once: the winner's lead was many times their margin
+        assert (conf.stopped_early or "").startswith("one round: the winner leads the baseline")
+        assert conf.decision.margin * DECISIVE < max(c.median or 0 for c in cands) / \
+            min(c.median or 1 for c in cands) - 1
+    else:
+        assert rounds == 2
     assert conf.measure["min_window_s"] == pytest.approx(0.2)  # twice the trials' windows
     # Interleaved: round 1 of every config before round 2 of any.
     runs = sorted((workdir / "studies" / study.study_name / "confirm").iterdir(),
                   key=lambda p: p.stat().st_mtime)
-    assert [p.name.split("-")[0] for p in runs] == ["1"] * len(cands) + ["2"] * len(cands)
+    assert [p.name.split("-")[0] for p in runs] == \
+        [str(r + 1) for r in range(rounds) for _ in cands]
     profile = load_profile(workdir / "studies" / study.study_name / "profile.yaml")
     assert profile.confirmation is not None
     winner = next(c for c in cands if c.trial == conf.decision.winner_trial)
@@ -137,3 +146,24 @@ def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
     assert again.returncode == 0 and "round 1/" not in again.stdout
     kept = snapshot.read(load()).facts.confirmation
     assert kept is not None and kept.raw["created"] == conf.raw["created"]
+
+
+def test_a_decisive_lead_is_confirmed_in_one_round(workdir: Path) -> None:
+    """Batch 16 gives 4x the samples/s of batch 4 (each step sleeps the same): the search's
+    lead is many times the noise, so one interleaved round of the best and the baseline decides,
+    and the third config, far behind, is not re-measured."""
+    result = autotune("run", "--model", "autotune.testing.workloads:slow", "--param",
+                      "step_s=0.02", "--space",
+                      space(workdir, "knobs:\n  micro_batch_size: {choices: [4, 8, 16]}\n"),
+                      "--trials", "3", "--storage", DB, *FAST, "--trial-seconds", "2",
+                      "--confirm-top", "3", "--confirm-rounds", "3", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    conf = snapshot.read(load()).facts.confirmation
+    assert conf is not None
+    assert conf.rounds == 1 and conf.planned_rounds >= 1
+    assert (conf.stopped_early or "").startswith("one round: the winner leads the baseline by")
+    assert sorted((c.config.micro_batch_size, c.baseline) for c in conf.candidates) == \
+        [(4, True), (16, False)]
+    assert conf.decision.winner_trial == next(c.trial for c in conf.candidates if not c.baseline)
+    profile = load_profile(workdir / "studies" / load().study_name / "profile.yaml")
+    assert profile.speedup is not None and profile.speedup > 2

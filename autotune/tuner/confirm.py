@@ -5,11 +5,15 @@ A search trial's figure comes from one process at one moment of a machine that d
 within minutes; the confirmation runs the top configs and the baseline in interleaved rounds (A B
 C A B C ...), with windows twice as long, so drift hits every config alike.
 
-It is kept cheap enough to always run: its share of --timeout is reserved from the start (the
-search gets the rest), each round's measuring budget is sized to the config's step time (warm-up
-and the minimum windows; the rounds give the spread), the plan shrinks to fewer rounds and then
-to the best config and the baseline when the budget is short, and rounds stop as soon as the
-decision is clear or the win is out of reach. A winner that does not beat the baseline by more
+It is kept cheap enough to always run, and no more than the decision needs: a config joins the
+best only when its search trial is within the margin of it (a runner-up further behind does not
+win), and where the best leads the baseline by many times the noise (``DECISIVE``) and no
+runner-up joins, one interleaved round of the two is enough; the time saved goes to the search.
+What it needs is reserved from --timeout as the search goes (the search gets the rest), each
+round's measuring budget is sized to the config's step time (warm-up and the minimum windows;
+the rounds give the spread), the plan shrinks to fewer rounds and then to the best config and
+the baseline when the budget is short, and rounds stop as soon as the decision is clear or the
+win is out of reach. A winner that does not beat the baseline by more
 than the measured noise is no win: the baseline's settings are exported, with speedup 1.0.
 """
 
@@ -32,11 +36,14 @@ from autotune.tuner.confirmation import (
     Candidate,
     confirmation_seconds,
     decide,
+    decided_in_one_round,
+    decisive,
     plan_confirmation,
     settled,
 )
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
 from autotune.tuner.results import build_profile
+from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
 
 # (config, workdir, timeout, settings) -> the measurement of one fresh trial process
@@ -69,12 +76,27 @@ def costs(snap: StudySnapshot, cands: list[Candidate],
 
 
 def candidates(snap: StudySnapshot, top: int) -> list[Candidate]:
-    """The ``top`` configs by their trial (distinct, ok, within the limit) and the baseline."""
-    chosen = snap.ok_within_limit()[:top]
+    """The best config by its trial (distinct, ok, within the limit), the next of the ``top``
+    whose trials are within the margin of it (twice the search's noise: a config further
+    behind does not win a confirmation), and the baseline."""
+    ranked = snap.ok_within_limit()[:top]
+    margin = 2 * noise_of(snap.observations)
+    chosen = ranked[:1] + [r for r in ranked[1:] if (r.samples_per_sec or 0.0) * (1 + margin)
+                           >= (ranked[0].samples_per_sec or 0.0)]
     base = snap.baseline
     if base is not None and base.number not in {r.number for r in chosen}:
         chosen.append(base)
     return [Candidate(r.number, r.config, is_baseline=r.is_baseline) for r in chosen]
+
+
+def pair_rounds(snap: StudySnapshot) -> int:
+    """The fewest rounds the best config and the baseline alone need: one where the best's
+    search trial leads the baseline's by more than ``DECISIVE`` times the search's noise (the
+    round must show it again: ``confirmation.decided_in_one_round``), else two."""
+    if snap.best is None or snap.baseline is None:
+        return 2
+    best, base = snap.best.samples_per_sec or 0.0, snap.baseline.samples_per_sec or 0.0
+    return 1 if base > 0 and decisive(best / base - 1.0, noise_of(snap.observations)) else 2
 
 
 def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
@@ -91,7 +113,10 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
     if len(cands) < 2:
         return share
     cost = costs(snap, cands, settings)
-    plan = plan_confirmation(cands, cost, rounds, share)
+    least = pair_rounds(snap)
+    if least == 1 and len(cands) == 2:  # one round decides: keep that (a second if time is left)
+        return min(share, confirmation_seconds(cands, cost, 1))
+    plan = plan_confirmation(cands, cost, rounds, share, least)
     if not isinstance(plan, str):
         return min(share, confirmation_seconds(plan[0], cost, plan[1]))
     smallest = [cands[0]] + [c for c in cands[1:] if c.is_baseline][:1]
@@ -111,7 +136,8 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         return None
     cands = candidates(snap, top)
     plan = plan_confirmation(cands, costs(snap, cands, settings), rounds,
-                             None if deadline is None else deadline - time.monotonic())
+                             None if deadline is None else deadline - time.monotonic(),
+                             pair_rounds(snap))
     if isinstance(plan, str):
         return plan
     cands, planned = plan
@@ -119,7 +145,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     each = {c.number: round_settings(snap, c, settings) for c in cands}
     for c in cands:
         c.measure = each[c.number].to_dict()
-    done, stopped = 0, None
+    done, stopped, one = 0, None, None
     for r in range(planned):
         results = _round(r, planned, cands,
                          lambda c, w, t: measure(c.config, w, t, each[c.number]),
@@ -136,10 +162,11 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
             else:
                 c.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
         done += 1
-        stopped = settled(cands, limit, headroom) if done < planned else None
+        one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
+        stopped = one or (settled(cands, limit, headroom) if done < planned else None)
         if stopped:
             break
-    if done < 2:
+    if done < 2 and not one:
         return (f"the --timeout ended the confirmation after {done} complete round(s); two are "
                 "needed for a spread")
     decision = decide(cands, limit, headroom)

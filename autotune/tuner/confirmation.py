@@ -66,25 +66,61 @@ def confirmation_seconds(cands: Sequence[Candidate], costs: dict[int, float],
 
 
 def plan_confirmation(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
-                      left: float | None) -> tuple[list[Candidate], int] | str:
+                      left: float | None, pair_rounds: int = 2
+                      ) -> tuple[list[Candidate], int] | str:
     """The candidates (best first) and rounds that fit ``left`` seconds, or why none fits:
-    fewer rounds first, then fewer configs (the baseline stays), never fewer than two rounds of
-    the best config and the baseline. Without a deadline, all of them."""
+    fewer rounds first, then fewer configs (the baseline stays); never fewer than two rounds
+    (a spread), or ``pair_rounds`` once only the best config and the baseline are left (one
+    where the search's lead is decisive: ``confirm.pair_rounds``). Without a deadline,
+    all of them."""
     cands = list(cands)
     if len(cands) < 2:
         return "fewer than two configs measured ok"
     if left is None:
         return cands, rounds
     while True:
+        least = max(1, min(pair_rounds if len(cands) <= 2 else 2, rounds))
         fit = min(rounds, int(left // max(confirmation_seconds(cands, costs, 1), 1e-9)))
-        if fit >= 2:
+        if fit >= least:
             return cands, fit
         if sum(not c.is_baseline for c in cands) <= 1 or len(cands) <= 2:
-            need = confirmation_seconds(cands, costs, 2)
-            return (f"two rounds of {len(cands)} configs need ~{format_duration(need)} and "
+            need = confirmation_seconds(cands, costs, least)
+            words = "one round" if least == 1 else "two rounds"
+            return (f"{words} of {len(cands)} configs need ~{format_duration(need)} and "
                     f"{format_duration(max(0.0, left))} are left; a longer --timeout leaves room "
                     "for it")
         cands.remove(next(c for c in reversed(cands) if not c.is_baseline))
+
+
+# One interleaved round decides when the winner leads the baseline by more than this many times
+# their margin (and no other config is within the margin of it): a lead of 2x over a noise of a
+# few percent is not made doubtful by a second round, and a round of BERT on a 2-core CPU costs
+# minutes the search can use.
+DECISIVE = 5.0
+
+
+def decisive(lead: float, margin: float) -> bool:
+    """Whether a relative ``lead`` is more than ``DECISIVE`` times ``margin``."""
+    return lead > DECISIVE * margin
+
+
+def decided_in_one_round(candidates: Sequence[Candidate], limit: int,
+                         headroom: float = HEADROOM) -> str | None:
+    """Why one round of these candidates settles the decision, or None: the winner, the only
+    config besides the baseline, leads it by more than ``DECISIVE`` times their margin."""
+    if len(candidates) != 2 or any(len(c.rates) != 1 for c in candidates):
+        return None
+    d = decide(candidates, limit, headroom)
+    base = next((c for c in candidates if c.is_baseline), None)
+    win = d.winner
+    if d.decided_by != "median" or win is None or base is None or win is base:
+        return None
+    lead = (win.median or 0.0) / (base.median or 1e-12) - 1.0
+    margin = margin_between(win, base)
+    if not decisive(lead, margin):
+        return None
+    return (f"one round: the winner leads the baseline by {100 * lead:.0f}%, more than "
+            f"{DECISIVE:g}x their margin ({100 * margin:.1f}%)")
 
 
 @dataclass(frozen=True)

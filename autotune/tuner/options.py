@@ -119,8 +119,8 @@ class RunOptions:
         "Stop when this many trials in a row beat the best by no more than the noise (0: never "
         "stop early)"))
     confirm_top: int = option(CONFIRM_TOP, "--confirm-top", help=(
-        "Configs re-measured at the end, interleaved with the baseline, to pick the winner (0: "
-        "no confirmation)"))
+        "Configs re-measured at the end, interleaved with the baseline, to pick the winner: the "
+        "best, and the next whose trials are within the margin of it (0: no confirmation)"))
     confirm_rounds: int = option(CONFIRM_ROUNDS, "--confirm-rounds",
                                 help="Interleaved rounds of that re-measurement")
     prune: bool = option(True, "--prune/--no-prune",
@@ -350,10 +350,11 @@ def budget_text(o: RunOptions) -> str:
         parts.append(f"{format_duration(o.timeout_s)} of wall time")
     more = ""
     if o.confirm_top > 0:
-        more = (f"; then the top {o.confirm_top} and the baseline are re-measured, up to "
-                f"{o.confirm_rounds} interleaved rounds"
-                + (f" ({format_duration(CONFIRM_SHARE * o.timeout_s)} of the time budget kept "
-                   "for it from the start)" if o.timeout_s is not None else ""))
+        more = (f"; then the best (with up to {o.confirm_top - 1} more within the margin of it) "
+                f"and the baseline are re-measured, up to {o.confirm_rounds} interleaved rounds"
+                + (f" (what it needs, at most {format_duration(CONFIRM_SHARE * o.timeout_s)} of "
+                   "the time budget, kept for it as the trials go)" if o.timeout_s is not None
+                   else ""))
     return (" or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
             + f"; each trial measures for {o.measure.max_seconds:.0f}s, longer when its "
             f"predicted steps need it, and is killed at {o.trial_timeout_s:.0f}s" + more)
