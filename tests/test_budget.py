@@ -26,7 +26,7 @@ from autotune.tuner.budget import (
     startup_seconds,
 )
 from autotune.tuner.confirm import candidates, costs, reserve
-from autotune.tuner.confirmation import NO_WIN, Candidate, decide, settled
+from autotune.tuner.confirmation import NO_WIN, Candidate, confirmation_seconds, decide, settled
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
 from autotune.tuner.record import of_slow_prediction, read_trial
@@ -250,6 +250,23 @@ def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
     assert kept == (pytest.approx(need) if need <= CONFIRM_MAX_SHARE * 720.0 else 0.0)
     # With a longer budget the whole plan (three rounds of the two) fits the share.
     assert reserve(_snap(slow), 3, 3, 1800.0, SETTINGS) == pytest.approx(1.5 * need)
+
+
+def test_where_slow_candidates_do_not_fit_the_reserve_keeps_the_pairs_fewest_rounds() -> None:
+    # BERT-base on a 2-core CPU: the best leads the baseline by 2.6x, two runners-up are within
+    # the margin of it, and two rounds of all four need more than the share. The plan drops
+    # the runners-up; the best and the baseline need one round (decisive), and only that is
+    # kept: the search gets the rest (a run kept two rounds here and left 2.5 minutes unused).
+    slow = [_ok_trial(0, 8, 8 / 6.6, 50.0, baseline=True), _ok_trial(1, 32, 2.13, 90.0),
+            _ok_trial(2, 64, 2.10, 110.0), _ok_trial(3, 16, 2.09, 60.0)]
+    cands = candidates(_snap(slow), 3)
+    assert [c.number for c in cands] == [1, 2, 3, 0]
+    cost = costs(_snap(slow), cands, SETTINGS)
+    assert confirmation_seconds(cands, cost, 2) > CONFIRM_SHARE * 720.0
+    pair = [cands[0], cands[-1]]
+    kept = reserve(_snap(slow), 3, 3, 720.0, SETTINGS)
+    assert kept == pytest.approx(confirmation_seconds(pair, cost, 1))
+    assert kept < confirmation_seconds(pair, cost, 2)
 
 
 def test_a_confirmation_round_is_sized_to_the_steps() -> None:

@@ -104,8 +104,10 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
     """Seconds of the --timeout kept for the confirmation. Nothing before the first trial (the
     baseline runs whatever the budget: without it there is nothing to confirm against); then
     CONFIRM_SHARE of it; once two configs measured ok, what the largest plan within that share
-    needs, or, when even the smallest plan (the best and the baseline, twice) needs more, that
-    much up to CONFIRM_MAX_SHARE; nothing beyond it (the run then says it could not confirm)."""
+    needs, or, where the plan is the best and the baseline with a decisive lead or had to drop
+    candidates to fit, its fewest rounds (the search gets the rest); when even the smallest plan
+    (the best and the baseline, twice, or once where decisive) needs more, that much up to
+    CONFIRM_MAX_SHARE; nothing beyond it (the run then says it could not confirm)."""
     if top <= 0 or not timeout_s or not snap.measured:
         return 0.0
     share = CONFIRM_SHARE * timeout_s
@@ -114,13 +116,14 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
         return share
     cost = costs(snap, cands, settings)
     least = pair_rounds(snap)
-    if least == 1 and len(cands) == 2:  # one round decides: keep that (a second if time is left)
-        return min(share, confirmation_seconds(cands, cost, 1))
     plan = plan_confirmation(cands, cost, rounds, share, least)
     if not isinstance(plan, str):
-        return min(share, confirmation_seconds(plan[0], cost, plan[1]))
+        chosen, fit = plan
+        if len(chosen) < len(cands) or (least == 1 and len(chosen) == 2):
+            fit = min(fit, least if len(chosen) <= 2 else 2)
+        return min(share, confirmation_seconds(chosen, cost, fit))
     smallest = [cands[0]] + [c for c in cands[1:] if c.is_baseline][:1]
-    need = confirmation_seconds(smallest, cost, 2)
+    need = confirmation_seconds(smallest, cost, least)
     return need if need <= CONFIRM_MAX_SHARE * timeout_s else 0.0
 
 
