@@ -25,7 +25,7 @@ from autotune.tuner.budget import (
     plan_trial,
     startup_seconds,
 )
-from autotune.tuner.confirm import candidates, costs, reserve
+from autotune.tuner.confirm import END_OF_SEARCH_S, candidates, costs, reserve
 from autotune.tuner.confirmation import NO_WIN, Candidate, confirmation_seconds, decide, settled
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
@@ -120,6 +120,12 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
     fast = plan_trial(Config(micro_batch_size=16), StepTimeModel([ok(8, 80.0, 0)]), SETTINGS,
                       trial_timeout_s=180.0, startup_s=15.0, left_s=600.0)
     assert fast.settings == SETTINGS and fast.prediction is not None
+    # ... and are not started either where what is left of --timeout cannot hold their start-up
+    # and warm-up and two windows (a run started one 22 s before its search ended, to be cut).
+    late = plan_trial(Config(micro_batch_size=16), StepTimeModel([ok(8, 80.0, 0)]), SETTINGS,
+                      trial_timeout_s=180.0, startup_s=15.0, left_s=16.0)
+    assert late.too_slow is None and late.no_room is not None
+    assert "of --timeout are left" in late.no_room
     # What is left of --timeout too short: not a verdict on the config, and not started.
     short = plan_trial(Config(micro_batch_size=16), StepTimeModel(ZEN3), SETTINGS,
                        trial_timeout_s=180.0, startup_s=15.0, left_s=60.0)
@@ -227,12 +233,12 @@ def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
     cost = costs(_snap(fast), candidates(_snap(fast), 3), SETTINGS)
     assert cost[0] == pytest.approx(0.2 * 30.0 + confirm_settings(SETTINGS, 1.0).max_seconds)
     assert reserve(_snap(fast), 3, 3, 720.0, SETTINGS) == pytest.approx(
-        3 * (cost[0] + 2 + cost[1] + 2))
+        3 * (cost[0] + 2 + cost[1] + 2) + END_OF_SEARCH_S)
     # A lead many times the noise (75% over a 2% noise): one round of the two is kept.
     decisive = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 14.0, 30.0)]
     one = costs(_snap(decisive), candidates(_snap(decisive), 3), SETTINGS)
     assert reserve(_snap(decisive), 3, 3, 720.0, SETTINGS) == pytest.approx(
-        one[0] + 2 + one[1] + 2)
+        one[0] + 2 + one[1] + 2 + END_OF_SEARCH_S)
     # ... unless a runner-up within the margin of the best joins: then rounds tell them apart.
     close = [*decisive, _ok_trial(2, 32, 13.9, 30.0)]
     assert [c.number for c in candidates(_snap(close), 3)] == [1, 2, 0]
@@ -244,12 +250,13 @@ def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
     # needs more than the share; it is kept when within CONFIRM_MAX_SHARE, else nothing is.
     slow = [_ok_trial(0, 8, 8 / 10.4, 80.0, baseline=True), _ok_trial(1, 16, 16 / 19.7, 150.0)]
     cost = costs(_snap(slow), candidates(_snap(slow), 3), SETTINGS)
-    need = 2 * (cost[0] + 2 + cost[1] + 2)
+    need = 2 * (cost[0] + 2 + cost[1] + 2) + END_OF_SEARCH_S
     assert need > CONFIRM_SHARE * 720.0
     kept = reserve(_snap(slow), 3, 3, 720.0, SETTINGS)
     assert kept == (pytest.approx(need) if need <= CONFIRM_MAX_SHARE * 720.0 else 0.0)
     # With a longer budget the whole plan (three rounds of the two) fits the share.
-    assert reserve(_snap(slow), 3, 3, 1800.0, SETTINGS) == pytest.approx(1.5 * need)
+    assert reserve(_snap(slow), 3, 3, 1800.0, SETTINGS) == pytest.approx(
+        1.5 * (need - END_OF_SEARCH_S) + END_OF_SEARCH_S)
 
 
 def test_where_slow_candidates_do_not_fit_the_reserve_keeps_the_pairs_fewest_rounds() -> None:
@@ -265,8 +272,8 @@ def test_where_slow_candidates_do_not_fit_the_reserve_keeps_the_pairs_fewest_rou
     assert confirmation_seconds(cands, cost, 2) > CONFIRM_SHARE * 720.0
     pair = [cands[0], cands[-1]]
     kept = reserve(_snap(slow), 3, 3, 720.0, SETTINGS)
-    assert kept == pytest.approx(confirmation_seconds(pair, cost, 1))
-    assert kept < confirmation_seconds(pair, cost, 2)
+    assert kept == pytest.approx(confirmation_seconds(pair, cost, 1) + END_OF_SEARCH_S)
+    assert kept < confirmation_seconds(pair, cost, 2) + END_OF_SEARCH_S
 
 
 def test_a_confirmation_round_is_sized_to_the_steps() -> None:

@@ -210,19 +210,23 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
     """The budget for ``config``: the search's settings when its predicted steps fit them;
     a longer measuring budget (warm-up and ``min_windows`` windows at the prediction's upper
     end) when they need it, up to ``MAX_BUDGET_SHARE`` of the trial timeout; too slow when even
-    the prediction's lower end cannot fit warm-up and two windows there; no room when only
-    --timeout's rest is short. ``unmeasured_steps``: steps the trial runs outside its measuring
+    the prediction's lower end cannot fit warm-up and two windows there; no room when
+    --timeout's rest (``left_s``, less the trial's start-up) cannot hold that, whatever the
+    step's length. ``unmeasured_steps``: steps the trial runs outside its measuring
     budget (a script's: its first step, and the one it stops after), which the trial timeout
     must hold too."""
     p = model.predict(config)
     if p is None:
         return TrialBudget(settings)
     need = measuring_seconds(p.step_s * (1.0 + p.error), settings)
+    least = measuring_seconds(p.step_s * (1.0 - p.error), settings, SPREAD_WINDOWS)
     if need <= settings.max_seconds:
+        # Short steps: the search's settings, if what is left of --timeout holds the trial.
+        if left_s is not None and least > left_s - startup_s:
+            return TrialBudget(settings, p, no_room=_no_room(p, least + startup_s, left_s))
         return TrialBudget(settings, p)
     outside = unmeasured_steps * p.step_s * (1.0 + p.error)
     can = min(trial_timeout_s - startup_s, MAX_BUDGET_SHARE * trial_timeout_s) - outside
-    least = measuring_seconds(p.step_s * (1.0 - p.error), settings, SPREAD_WINDOWS)
     if least > can and not p.fitted:
         # Scaled, not fitted: never a reason not to run. The trial gets all the trial timeout
         # allows, and its own first steps judge (trial.protocol.too_slow).
@@ -235,10 +239,13 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
             f"({p.short_basis})"))
     room = can if left_s is None else min(can, left_s - startup_s)
     if least > room:
-        return TrialBudget(settings, p, no_room=(
-            f"the next config (~{_fmt(p.step_s)} per step) needs >= {_fmt(least + startup_s)} "
-            f"and {_fmt(max(left_s or 0.0, 0.0))} of --timeout are left"))
+        return TrialBudget(settings, p, no_room=_no_room(p, least + startup_s, left_s))
     return TrialBudget(_longer(settings, min(need, room)), p)
+
+
+def _no_room(p: StepPrediction, need_s: float, left_s: float | None) -> str:
+    return (f"the next config (~{_fmt(p.step_s)} per step) needs >= {_fmt(need_s)} and "
+            f"{_fmt(max(left_s or 0.0, 0.0))} of --timeout are left")
 
 
 def _longer(settings: MeasureSettings, seconds: float) -> MeasureSettings:

@@ -99,6 +99,12 @@ def pair_rounds(snap: StudySnapshot) -> int:
     return 1 if base > 0 and decisive(best / base - 1.0, noise_of(snap.observations)) else 2
 
 
+# Kept beyond the plan's cost: a trial the search's deadline cuts is stopped and recorded
+# before the confirmation starts (a run that kept the exact cost of one round found a second
+# less than that left, and could not confirm).
+END_OF_SEARCH_S = 10.0
+
+
 def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
             settings: MeasureSettings) -> float:
     """Seconds of the --timeout kept for the confirmation. Nothing before the first trial (the
@@ -121,9 +127,9 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
         chosen, fit = plan
         if len(chosen) < len(cands) or (least == 1 and len(chosen) == 2):
             fit = min(fit, least if len(chosen) <= 2 else 2)
-        return min(share, confirmation_seconds(chosen, cost, fit))
+        return min(share, confirmation_seconds(chosen, cost, fit) + END_OF_SEARCH_S)
     smallest = [cands[0]] + [c for c in cands[1:] if c.is_baseline][:1]
-    need = confirmation_seconds(smallest, cost, least)
+    need = confirmation_seconds(smallest, cost, least) + END_OF_SEARCH_S
     return need if need <= CONFIRM_MAX_SHARE * timeout_s else 0.0
 
 
