@@ -187,11 +187,34 @@ def test_a_precision_whose_peak_a_measured_config_already_passes_is_not_searched
         obs.append(Observation(Config(micro_batch_size=micro, amp="bf16"), "ok", rate, 2**30,
                                spread_cv=0.01, mfu=0.3, peak_tflops=0.66))
     assert staged_next(space, base, obs, model, peaks=peaks) is None
-    # Below fp32's peak, the fp32 line is searched after bf16's.
+    # Nor where bf16 achieves 0.16, below fp32's peak but above the 90% of it a line reaches.
+    near = obs[:1] + [Observation(o.config, "ok", o.samples_per_sec, 2**30, spread_cv=0.01,
+                                  mfu=0.16 / 0.66, peak_tflops=0.66) for o in obs[1:]]
+    assert staged_next(space, base, near, model, peaks=peaks) is None
+    # Well below fp32's peak, the fp32 line is searched after bf16's.
     slow = obs[:1] + [Observation(o.config, "ok", 1.2, 2**30, spread_cv=0.01, mfu=0.2,
                                   peak_tflops=0.66) for o in obs[1:]]
     p = staged_next(space, base, slow, model, peaks=peaks)
     assert p is not None and p.config.amp == "off"
+
+
+def test_a_line_whose_largest_batch_was_pruned_is_not_doubled_again() -> None:
+    """bf16 ran 8, 16, 32 (fastest at 16); fp32's line starts at 32, where its first window
+    was below 0.6x the best: pruned. Doubling past it (64x1 fp32, two minutes a trial on a
+    2-core CPU) is not proposed; without the pruning, the line doubles on."""
+    space = _line_space(("off", "bf16"))
+    base = Config(micro_batch_size=8)
+    model = MemoryModel([], "cpu", 100 * 2**30)
+    obs = [Observation(base, "ok", 1.32, 2**30, spread_cv=0.08)]
+    for micro, rate in ((8, 2.13), (16, 2.15), (32, 1.90)):
+        obs.append(Observation(Config(micro_batch_size=micro, amp="bf16"), "ok", rate, 2**30,
+                               spread_cv=0.05))
+    cut = Observation(Config(micro_batch_size=32), "pruned", None, 2**30)
+    p = staged_next(space, base, [*obs, cut], model)
+    assert p is None, p  # the staged start is over: bf16 flat twice, fp32 pruned at 32
+    ran = Observation(Config(micro_batch_size=32), "ok", 1.217, 2**30, spread_cv=0.05)
+    p = staged_next(space, base, [*obs, ran], model)
+    assert p is not None and (p.config.amp, p.config.micro_batch_size) == ("off", 64)
 
 
 def test_a_study_follows_the_incumbents_diagnosis_and_records_why(tmp_path) -> None:  # noqa: ANN001

@@ -202,13 +202,15 @@ def headroom_of(observations: Sequence[Observation], baseline: Config,
 def _beyond_reach(amp: str, observations: Sequence[Observation],
                   peaks: Mapping[str, float]) -> Observation | None:
     """A measured config of another precision that already achieves more FLOP/s than
-    ``amp``'s measured peak: no config of that precision can beat it. (A config of the same
+    ``amp``'s line can reach: ``NEAR_PEAK`` of its measured peak, where a line stops growing
+    (a run on the Zen 4 had bf16 at 0.186 TFLOP/s, fp32's peak 0.1862: two fp32 trials, four
+    minutes, both pruned). No config of that precision can beat it. (A config of the same
     precision above its own peak says the probe's peak is low, not that the line is done.)"""
     peak = peaks.get(amp)
     if not peak:
         return None
     return next((o for o in observations if o.status == "ok" and o.config.amp != amp
-                 and o.achieved and o.achieved > peak), None)
+                 and o.achieved and o.achieved > NEAR_PEAK * peak), None)
 
 
 def _on_line(config: Config, line: Config) -> bool:
@@ -234,12 +236,13 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     For each precision (the one with the most measured headroom first, with the probe's
     ``peaks``; else the baseline's): the micro-batch doubled until a config does not fit (OOM,
     predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error), two
-    doublings gained less than the noise, or the line's MFU is near its peak; then bisection
-    between the largest that fit and the smallest that did not. The first line starts at the
+    doublings gained less than the noise, the line's MFU is near its peak, or its largest
+    batch was pruned (``_line_done``); then bisection between the largest that fit and the
+    smallest that did not. The first line starts at the
     baseline's batch; later ones at the largest batch an earlier line fit, which saves the
     doublings up to it; a line whose fastest batch is its smallest then steps down until a
-    smaller batch is slower. A precision whose measured peak is below what a measured config
-    already achieves is skipped: it cannot win.
+    smaller batch is slower. A precision whose line cannot reach what a measured config
+    already achieves (``_beyond_reach``) is skipped: it cannot win.
     """
     values = micro_values(space, baseline)
     if len(values) < 2:
@@ -255,18 +258,20 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
         seen: dict[int, bool] = {}
         rates: dict[int, float] = {}
         mfus: dict[int, float] = {}
+        pruned: set[int] = set()
         for o in observations:
             if _on_line(o.config, line):
                 micro = o.config.micro_batch_size
                 seen[micro] = seen.get(micro, False) or o.fits
+                if o.fits and o.status == "pruned":
+                    pruned.add(micro)
                 if o.fits and o.status == "ok" and o.samples_per_sec:
                     rates[micro] = max(rates.get(micro, 0.0), o.samples_per_sec)
                     if o.mfu:
                         mfus[micro] = o.mfu
         while (nxt := _next_micro(values, seen, start)) is not None:
-            if rates and nxt > max(rates) and (
-                    _gains_flat(rates, noise) or mfus.get(max(rates), 0.0) >= NEAR_PEAK):
-                break  # two doublings gained less than the noise, or no compute is left
+            if _line_done(nxt, seen, rates, mfus, pruned, noise):
+                break
             config = space.variant(line, micro_batch_size=nxt)
             if model.verdict(config) or (too_slow is not None and too_slow(config)):
                 seen[nxt] = False  # ruled out by a model: no trial needed
@@ -280,6 +285,19 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
                                         f"micro-batch {below}{with_amp}")
         start = max((m for m, fits in seen.items() if fits), default=start)
     return None
+
+
+def _line_done(nxt: int, seen: dict[int, bool], rates: dict[int, float],
+               mfus: dict[int, float], pruned: set[int], noise: float) -> bool:
+    """Whether a line stops growing before ``nxt``: two doublings gained less than the noise,
+    its fastest batch's MFU is near its peak (no compute left), or its largest batch that ran
+    was pruned (clearly behind the best: a run on the Zen 4 doubled fp32 past a pruned 32x1
+    to 64x1, two minutes for nothing)."""
+    top = max((m for m, fits in seen.items() if fits), default=None)
+    if top is not None and nxt > top and top in pruned:
+        return True
+    return bool(rates) and nxt > max(rates) and (
+        _gains_flat(rates, noise) or mfus.get(max(rates), 0.0) >= NEAR_PEAK)
 
 
 def _below_the_best(values: list[int], rates: dict[int, float], seen: dict[int, bool],
