@@ -202,10 +202,9 @@ def headroom_of(observations: Sequence[Observation], baseline: Config,
 def _beyond_reach(amp: str, observations: Sequence[Observation],
                   peaks: Mapping[str, float]) -> Observation | None:
     """A measured config of another precision that already achieves more FLOP/s than
-    ``amp``'s line can reach: ``NEAR_PEAK`` of its measured peak, where a line stops growing
-    (a run on the Zen 4 had bf16 at 0.186 TFLOP/s, fp32's peak 0.1862: two fp32 trials, four
-    minutes, both pruned). No config of that precision can beat it. (A config of the same
-    precision above its own peak says the probe's peak is low, not that the line is done.)"""
+    ``amp``'s line can reach (``NEAR_PEAK`` of its measured peak; a run had bf16 at 0.186
+    TFLOP/s against fp32's peak of 0.1862, and spent four minutes on fp32 for nothing). (A
+    config of the same precision above its own peak says the probe's peak is low.)"""
     peak = peaks.get(amp)
     if not peak:
         return None
@@ -289,10 +288,9 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
 
 def _line_done(nxt: int, seen: dict[int, bool], rates: dict[int, float],
                mfus: dict[int, float], pruned: set[int], noise: float) -> bool:
-    """Whether a line stops growing before ``nxt``: two doublings gained less than the noise,
-    its fastest batch's MFU is near its peak (no compute left), or its largest batch that ran
-    was pruned (clearly behind the best: a run on the Zen 4 doubled fp32 past a pruned 32x1
-    to 64x1, two minutes for nothing)."""
+    """Whether a line stops before ``nxt``: two doublings gained less than the noise, its
+    fastest batch's MFU is near its peak, or its largest batch that ran was pruned (clearly
+    behind the best; a run doubled fp32 past a pruned 32x1, two minutes for nothing)."""
     top = max((m for m, fits in seen.items() if fits), default=None)
     if top is not None and nxt > top and top in pruned:
         return True
