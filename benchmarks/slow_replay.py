@@ -10,19 +10,23 @@ on this project's 2-core CPUs) and charges each evaluation the time it would tak
 
   start-up      STARTUP_S (process start, imports, model build)
   measured      warm-up (the first step at 1.6x, then steps until two agree: 3 steps) and timed
-                windows of max(1 s, one step) until three, within the measuring budget; fewer
-                windows when the budget ends first (one window: spread unknown)
+                windows of max(1 s, one step) until the protocol's fewest (three; two where a
+                step fills a window), within the measuring budget; fewer windows when the
+                budget ends first (one window: spread unknown)
   too slow      warm-up and one window cannot fit the budget: start-up and the first step
   past limit    a config whose peak passes the memory limit: start-up and the first step
 
-Strategies: ``autotune`` is this project's search (the step-time model sizes each trial's
-budget and rules out what it knows cannot fit, at no cost; configs the memory model rules out
-cost nothing either); the others measure every config with the default 60 s budget (random,
-plain TPE, Lightning's largest batch, accelerate's OOM halving). Each strategy's pick at T
-minutes is the best config it measured with at least two windows by then (a one-window figure
-has no spread), judged by the table's true value. Reported per strategy, median over seeds:
-regret at 4, 8 and 12 minutes of search, and the minutes spent on evaluations that measured
-nothing (too slow, past the limit).
+Strategies: ``autotune`` is this project's search on the grid's machine as its fingerprint
+describes it (no native bf16 on the BERT grid's: the space is narrowed to fp32, as a run there
+would narrow it), the step-time model sizing each trial's budget and ruling out what it knows
+cannot fit, at no cost (configs the memory model rules out cost nothing either); the others
+measure every config with the default 60 s budget (random, plain TPE, Lightning's largest
+batch, accelerate's OOM halving). ``autotune+bf16`` is autotune told the machine has native
+bf16 (as this replay assumed before it read the grid's fingerprint): it then searches bf16 too.
+Each strategy's pick at T minutes is the best config it measured with at least two windows by
+then (a one-window figure has no spread), judged by the table's true value. Reported per
+strategy, median over seeds: regret at 4, 8 and 12 minutes of search, and the minutes spent on
+evaluations that measured nothing (too slow, past the limit).
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ from autotune.config.knobs import Config  # noqa: E402
 from autotune.console import QuietReporter  # noqa: E402
 from autotune.testing.hardware import fake_cpu  # noqa: E402
 from autotune.trial.measurement import Measurement, median_and_cv  # noqa: E402
+from autotune.trial.protocol import (  # noqa: E402
+    measuring_seconds,
+    steps_per_window,
+    window_counts,
+)
 from autotune.trial.spec import MeasureSettings  # noqa: E402
+from autotune.tuner.budget import MAX_BUDGET_SHARE  # noqa: E402
 from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
 from benchmarks.search_efficiency import KEY, Table, _key  # noqa: E402
 
@@ -87,9 +97,11 @@ class SlowTable:
 
     def measurable(self) -> tuple[tuple[Any, ...], float]:
         """The fastest config whose warm-up and two windows fit the longest measuring budget a
-        trial can get (2/3 of the trial timeout): the best any strategy here can confirm."""
+        trial can get (``MAX_BUDGET_SHARE`` of the trial timeout): the best any strategy here
+        can confirm."""
         best = max((k for k in self.table.rows
-                    if 5.6 * self.step_s[k] <= 2 / 3 * TRIAL_TIMEOUT_S and self.true(k) > 0),
+                    if measuring_seconds(self.step_s[k], DEFAULT)
+                    <= MAX_BUDGET_SHARE * TRIAL_TIMEOUT_S and self.true(k) > 0),
                    key=self.true)
         return best, self.true(best)
 
@@ -103,18 +115,19 @@ class SlowTable:
                                wall_s=STARTUP_S + 1.6 * step), STARTUP_S + 1.6 * step
         warm = 3.6 * step
         window = max(settings.min_window_s, step)
-        fit = int((settings.max_seconds - warm) // window)
+        shared = 1 if step >= settings.min_window_s else 0  # warm-up's last step: window 1
+        fit = int((settings.max_seconds - warm) // window) + shared
         if r["status"] != "ok" or fit < 1 or STARTUP_S + warm + window > TRIAL_TIMEOUT_S:
             cost = STARTUP_S + min(1.6 * step, TRIAL_TIMEOUT_S)
             return Measurement("timeout", f"one step takes ~{step:.1f}s", wall_s=cost,
                                rough_samples_per_sec=None), cost
-        windows = min(fit, settings.min_windows)
+        windows = min(fit, window_counts(steps_per_window(step, settings), settings)[0])
         base = self.true(key)
         run = math.exp(rng.gauss(0.0, self.table.run_sigma))
         cv = r["spread_cv"] or 0.02
         rates = [base * run * (1.0 + rng.gauss(0.0, cv)) for _ in range(windows)]
         med, spread = median_and_cv(rates)
-        seconds = warm + windows * window
+        seconds = warm + (windows - shared) * window
         wall = STARTUP_S + seconds
         return Measurement(
             "ok", None, samples_per_sec=med, spread_cv=spread if windows > 1 else None,
@@ -140,7 +153,14 @@ class _SlowRunner(Runner):
         return m
 
 
-def run_autotune(table: SlowTable, seed: int, tmp: Path) -> list[Eval]:
+def native_bf16(doc: dict[str, Any]) -> bool:
+    """Whether the grid's machine computes bf16 natively, as its hardware line says: where it
+    does not, autotune narrows the space to fp32 (as a run on that machine would), while the
+    other strategies sample every row of the grid."""
+    return "no native bf16" not in str(doc.get("hardware", ""))
+
+
+def run_autotune(table: SlowTable, seed: int, tmp: Path, bf16: bool | None = None) -> list[Eval]:
     doc = table.table.doc
     tmp.mkdir(parents=True, exist_ok=True)
     space = tmp / "space.yaml"
@@ -151,7 +171,8 @@ def run_autotune(table: SlowTable, seed: int, tmp: Path) -> list[Eval]:
                       storage=f"sqlite:///{tmp}/s{seed}.db", trials=TRIALS, seed=seed,
                       memory_limit=f"{table.table.limit}B", studies_dir=tmp,
                       out_dir=tmp / f"o{seed}", confirm_top=0, trial_timeout_s=TRIAL_TIMEOUT_S,
-                      hardware=fake_cpu(cores=2, bf16=True), probe=False)
+                      hardware=fake_cpu(cores=2, bf16=native_bf16(doc) if bf16 is None else bf16),
+                      probe=False)
     _SlowRunner(opts, table, random.Random(seed), log).run()
     return log
 
@@ -253,6 +274,10 @@ def replay(path: Path, factor: float, seeds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         results["autotune"] = summarise(table, [run_autotune(table, s, Path(tmp) / str(s))
                                                 for s in range(seeds)])
+        if not native_bf16(table.table.doc):
+            # As this replay ran before it read the grid's fingerprint: bf16 searched too.
+            results["autotune+bf16"] = summarise(table, [
+                run_autotune(table, s, Path(tmp) / f"b{s}", bf16=True) for s in range(seeds)])
     for name, fn in STRATEGIES.items():
         results[name] = summarise(table, [fn(table, s) for s in range(seeds)])
     steps = sorted(v for v in table.step_s.values() if v < 1e8)
