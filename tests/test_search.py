@@ -246,3 +246,19 @@ def test_one_round_decides_only_a_lead_many_times_the_margin() -> None:
     # The baseline fastest: nothing to decide in one round.
     slow = Candidate(5, Config(micro_batch_size=4), rates=[0.2], peaks=[GiB], window_cvs=[0.01])
     assert decided_in_one_round([slow, base], 80 * GiB) is None
+
+
+def test_pruning_reads_only_well_formed_window_events() -> None:
+    """What pruning reads of a trial's progress file: a window's rate and whether it was one
+    whole step. A script's trial folder is the script's to write: an event whose numbers are
+    not finite numbers is not a window (it neither prunes the trial nor ends the run)."""
+    from autotune.tuner.measure import window_event
+
+    one = {"event": "window", "samples_per_sec": 1.2, "samples": 8, "seconds": 6.6}
+    assert window_event(one, 8, 1.0) == (1.2, True)
+    assert window_event({**one, "samples": 24}, 8, 1.0) == (1.2, False)  # three steps
+    assert window_event({**one, "seconds": 0.5}, 8, 1.0) == (1.2, False)  # below a window
+    for bad in ("x", None, float("nan"), float("inf"), True, [1]):
+        assert window_event({**one, "samples_per_sec": bad}, 8, 1.0) is None, bad
+    assert window_event({**one, "samples": "x"}, 8, 1.0) == (1.2, True)  # unknown: not more
+    assert window_event({"event": "warmup_step", "seconds": 6.6}, 8, 1.0) is None

@@ -80,7 +80,7 @@ class BadReport(Exception):
     in the future."""
 
 
-def _number(e: dict[str, Any], key: str) -> float | None:
+def finite_number(e: dict[str, Any], key: str) -> float | None:
     """``e[key]`` as a finite float; None when it is not one (bools are not numbers)."""
     value = e.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -96,7 +96,7 @@ def check_step(e: dict[str, Any], *, rank: int, step: int, last_end: float | Non
     s = e.get("s")
     if isinstance(s, bool) or not isinstance(s, int) or s != step:
         return f"rank {rank} reported step {s!r} where step {step} was due"
-    t, where = _number(e, "t"), f"step {step} of rank {rank}"
+    t, where = finite_number(e, "t"), f"step {step} of rank {rank}"
     if t is None:
         return f"{where} has end time {e.get('t')!r}, not a finite number"
     if t < since:
@@ -109,7 +109,7 @@ def check_step(e: dict[str, Any], *, rank: int, step: int, last_end: float | Non
     n = e.get("n")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         return f"{where} counts {n!r} samples, not a whole number >= 0"
-    if "d" in e and (_number(e, "d") is None or e["d"] < 0):
+    if "d" in e and (finite_number(e, "d") is None or e["d"] < 0):
         return f"{where} waited {e['d']!r} s for data, not a finite number >= 0"
     m = e.get("m", 0)
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:

@@ -27,6 +27,7 @@ from autotune.trial.command import Command
 from autotune.trial.executors import Executor
 from autotune.trial.launch import Nodes
 from autotune.trial.measurement import Measurement, classify
+from autotune.trial.reports import finite_number
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
 from autotune.tuner import fleet, record
 from autotune.tuner.diagnosis import with_efficiency
@@ -96,10 +97,10 @@ class Measurer:
         one_step: list[bool] = []  # whether each window was one whole step
 
         def event(e: dict[str, Any]) -> None:
-            if e.get("event") == "window":
-                rates.append(float(e["samples_per_sec"]))
-                one_step.append(float(e.get("samples") or 0) <= config.samples_per_step
-                                and float(e.get("seconds") or 0) >= settings.min_window_s)
+            seen = window_event(e, config.samples_per_step, settings.min_window_s)
+            if seen is not None:
+                rates.append(seen[0])
+                one_step.append(seen[1])
             if on_event is not None:
                 on_event(e)
 
@@ -178,3 +179,15 @@ class Measurer:
         if doc.get("contended"):
             note(contended_line(doc))
         self.study.set_user_attr("probe", found)
+
+
+def window_event(e: dict[str, Any], samples_per_step: int,
+                 min_window_s: float) -> tuple[float, bool] | None:
+    """A progress event's window, as pruning reads it: its samples/s and whether it was one
+    whole step; None for any other event, or one whose numbers are not finite numbers (a
+    script's trial folder is the script's to write: what is read there is checked)."""
+    rate = finite_number(e, "samples_per_sec") if e.get("event") == "window" else None
+    if rate is None:
+        return None
+    return rate, ((finite_number(e, "samples") or 0.0) <= samples_per_step
+                  and (finite_number(e, "seconds") or 0.0) >= min_window_s)
