@@ -13,7 +13,8 @@ What it needs is reserved from --timeout as the search goes (the search gets the
 round's measuring budget is sized to the config's step time (warm-up and the minimum windows;
 the rounds give the spread), the plan shrinks to fewer rounds and then to the best config and
 the baseline when the budget is short, and rounds stop as soon as the decision is clear or the
-win is out of reach. A winner that does not beat the baseline by more
+win is out of reach; where the planned rounds left it undecided, another runs while the time
+left holds one at what a round measured. A winner that does not beat the baseline by more
 than the measured noise is no win: the baseline's settings are exported, with speedup 1.0.
 """
 
@@ -45,6 +46,7 @@ from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
 from autotune.tuner.results import build_profile
 from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
+from autotune.units import format_duration
 
 # (config, workdir, timeout, settings) -> the measurement of one fresh trial process
 MeasureOne = Callable[[Config, Path, float, MeasureSettings], Measurement]
@@ -154,30 +156,31 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     each = {c.number: round_settings(snap, c, settings) for c in cands}
     for c in cands:
         c.measure = each[c.number].to_dict()
-    done, stopped, one = 0, None, None
-    for r in range(planned):
-        results = _round(r, planned, cands,
+    done, stopped, one, round_s = 0, None, None, 0.0
+    while True:
+        started = time.monotonic()
+        results = _round(done, max(planned, done + 1), cands,
                          lambda c, w, t: measure(c.config, w, t, each[c.number]),
                          trial_timeout_s, deadline, out_dir, on_round, settings.max_compile_s)
         # A round counts only when every config ran in it: a round cut by the --timeout would
         # compare one config's fresh run with another's missing one.
         if results is None:
             break
-        for c, m in results:
-            if m.ok and m.samples_per_sec:
-                c.rates.append(m.samples_per_sec)
-                c.peaks.append(m.peak_memory_bytes)
-                c.window_cvs.append(m.spread_cv or 0.0)
-            else:
-                c.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
+        _record(done, results)
         done += 1
+        round_s = max(time.monotonic() - started, sum(m.wall_s + 2.0 for _, m in results))
+        left = None if deadline is None else deadline - time.monotonic()
+        more = another_round(done, planned, rounds, round_s, left)
         one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
-        stopped = one or (settled(cands, limit, headroom) if done < planned else None)
-        if stopped:
+        stopped = one or (settled(cands, limit, headroom) if more else None)
+        if stopped or not more:
             break
     if done < 2 and not one:
-        return (f"the --timeout ended the confirmation after {done} complete round(s); two are "
-                "needed for a spread")
+        left_s = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        took = (f" (it took {format_duration(round_s)}, {format_duration(left_s)} were left)"
+                if done else "")
+        return (f"the --timeout ended the confirmation after {done} complete round(s){took}; "
+                "two are needed for a spread")
     decision = decide(cands, limit, headroom)
     study.set_user_attr("confirmation", {
         "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
@@ -186,6 +189,31 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
         "created": datetime.now(UTC).isoformat(timespec="seconds")})
     return None
+
+
+def another_round(done: int, planned: int, rounds: int, round_s: float,
+                  left: float | None) -> bool:
+    """Whether another round runs after ``done`` that did not settle the decision: without a
+    deadline, the plan's rounds; with one, up to ``rounds`` while the time left holds a round
+    at what the last one took. The plan counted rounds from the search trials' costs before
+    any round ran; a round's own cost is the better guide (a run planned one round from a
+    lead the round did not show again, and left a second round's time unused)."""
+    if done >= rounds:
+        return False
+    if left is None:
+        return done < planned
+    return left >= round_s
+
+
+def _record(r: int, results: list[tuple[Candidate, Measurement]]) -> None:
+    """Add one complete round's results to its candidates."""
+    for c, m in results:
+        if m.ok and m.samples_per_sec:
+            c.rates.append(m.samples_per_sec)
+            c.peaks.append(m.peak_memory_bytes)
+            c.window_cvs.append(m.spread_cv or 0.0)
+        else:
+            c.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
 
 
 def _round(r: int, rounds: int, cands: list[Candidate],
