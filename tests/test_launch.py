@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from autotune.config.knobs import Config
 from autotune.trial.launch import Nodes, execute, plan
-from autotune.trial.measurement import classify
+from autotune.trial.measurement import TRIAL_TIMEOUT, classify
 from autotune.trial.result import check_result
 from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.workloads import WorkloadSpec
@@ -194,6 +195,26 @@ def test_a_too_slow_config_ends_early_with_a_rough_rate(tmp_path: Path) -> None:
     # Its rough rate comes from the micro-steps it ran; each sleeps 1 s, so a step of 4 takes at
     # least 4 s: never faster than 16 samples / 4 s.
     assert m.rough_samples_per_sec is not None and 0 < m.rough_samples_per_sec <= 16 / 4 * 1.02
+
+
+def test_a_config_that_cannot_be_measured_before_its_timeout_stops_itself(
+        tmp_path: Path) -> None:
+    # 3 s steps, a long measuring budget, a 16 s trial timeout: whatever its start-up took
+    # (1 to 13 s), after its first or second step the rest of warm-up and a window would end
+    # past the timeout. The trial says so and ends, rather than being killed with nothing.
+    p = plan(TrialSpec(WorkloadSpec("autotune.testing.workloads:slow", {"step_s": 3.0}),
+                       Config(micro_batch_size=4), device="cpu",
+                       measure=MeasureSettings(max_seconds=60, min_window_s=0.05)),
+             workdir=tmp_path, timeout_s=16)
+    raw = execute(p)
+    assert not raw.timed_out and raw.wall_s < 16
+    assert json.loads(Path(p.spec_path).read_text())["ends_by"] > time.time() - raw.wall_s
+    m = classify(raw)
+    assert m.status == "timeout" and "would not end before the trial timeout" in (m.reason or "")
+    # Read as the timeout would have ended it: where the run's --timeout set that timeout,
+    # the tuner takes it for no verdict on the config (``tuner.trials``, ``tuner.confirm``).
+    assert m.ended_by == TRIAL_TIMEOUT
+    assert m.rough_samples_per_sec is not None and 0 < m.rough_samples_per_sec <= 4 / 3 * 1.02
 
 
 def test_knobs_reach_the_trial(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ check decisions, never measured speed)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,12 +27,14 @@ from autotune.trial.protocol import (
     TIME,
     WarmUp,
     WindowStats,
+    ends_too_late,
     measuring_seconds,
     past_allowance,
     steps_per_window,
     too_slow,
     warmup_ended,
     window_counts,
+    window_ends_too_late,
     windows_done,
 )
 from autotune.trial.result import Window
@@ -259,19 +262,23 @@ class _Progress:
         pass
 
 
-def _loop(steps: list[float], settings: MeasureSettings,
-          monkeypatch: pytest.MonkeyPatch) -> tuple[WarmUp, int, list[Window]]:
+def _loop(steps: list[float], settings: MeasureSettings, monkeypatch: pytest.MonkeyPatch,
+          ends_after: float = math.inf) -> tuple[WarmUp, int, list[Window]]:
+    """The bench's loop over ``steps``, its trial timeout ``ends_after`` seconds after
+    warm-up starts."""
     clock = _Clock()
     monkeypatch.setattr(loop, "time", clock)
     trainer: Any = _Trainer(clock, steps)
-    warm = loop.warm_up(trainer, settings, _Progress())  # type: ignore[arg-type]
+    ends_by = clock.now + ends_after
+    warm = loop.warm_up(trainer, settings, _Progress(), ends_by)  # type: ignore[arg-type]
     windows: list[Window] = []
     per = loop.measure_windows(trainer, settings, _Progress(), warm,  # type: ignore[arg-type]
-                               windows)
+                               windows, ends_by)
     return warm, per, windows
 
 
-def _driver(tmp_path: Path, steps: list[float], settings: MeasureSettings) -> StepDriver:
+def _driver(tmp_path: Path, steps: list[float], settings: MeasureSettings,
+            timeout_s: float = math.inf) -> StepDriver:
     # Step 1 is the script's start-up (its start is not reported); steps 2, ... are the loop's.
     tmp_path.mkdir(exist_ok=True)
     ends = [time.time() - sum(steps) - 1.0]
@@ -281,7 +288,7 @@ def _driver(tmp_path: Path, steps: list[float], settings: MeasureSettings) -> St
         for i, t in enumerate(ends):
             f.write(json.dumps({"s": i + 1, "t": t, "n": 8}) + "\n")
     d = StepDriver(tmp_path, 1, settings, "train.py", str(tmp_path / "progress.jsonl"),
-                   str(tmp_path / "result.json"), started=ends[0] - 5.0)
+                   str(tmp_path / "result.json"), started=ends[0] - 5.0, timeout_s=timeout_s)
     d.poll()
     return d
 
@@ -327,3 +334,55 @@ def test_the_loop_and_the_driver_give_up_alike_on_steps_the_budget_cannot_measur
     assert result["reason"].startswith("one optimizer step of train.py takes ~30.0s")
     # With a budget that holds them, neither gives up.
     assert not _driver(tmp_path / "more", [30.0], replace(S, max_seconds=46.0)).done
+
+
+def test_a_trial_stops_itself_when_it_cannot_be_measured_before_its_timeout() -> None:
+    # 64 x 1 fp32 BERT: a 144 s budget (0.8 of a 180 s timeout) that the allowances above
+    # let reach past the timeout. After one 55 s step (one-time costs included), 110 s left:
+    # one more warm-up step and a window at a steady ~34 s fit; 60 s left, they do not.
+    assert not too_slow(55.0, 1, 55.0, replace(S, max_seconds=144.0))  # the budget's rule
+    assert not ends_too_late(55.0, 1, 110.0, S)  # 2 x 55 / 1.6 + 3 = 71.75 <= 110
+    assert ends_too_late(55.0, 1, 60.0, S)
+    # Judged past warm-up's minimum too: after two steady 43 s steps, 80 s left hold one
+    # more step and a window (89 s) no longer.
+    assert ends_too_late(43.0, 2, 80.0, S) and not ends_too_late(43.0, 2, 90.0, S)
+    # Where this step ended warm-up, only a window is left to time.
+    assert not ends_too_late(43.0, 2, 80.0, S, warmed_up=True)
+    assert ends_too_late(43.0, 2, 45.0, S, warmed_up=True)
+    # No step done (the first is judged from its micro-steps), or no timeout known: never.
+    assert not ends_too_late(55.0, 0, 1.0, S) and not ends_too_late(55.0, 3, math.inf, S)
+
+
+def test_no_window_is_started_that_would_not_end_before_the_timeout() -> None:
+    assert window_ends_too_late(43.0, 45.0) and not window_ends_too_late(43.0, 47.0)
+
+
+def test_the_loop_stops_before_its_timeout_rather_than_be_killed_by_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    long = replace(S, max_seconds=144.0)
+    # 65 s, then 50 s steps with 155 s left at warm-up's start: warm-up ends on time after
+    # step 2, and its window would end past the timeout. It stops there, as too slow.
+    with pytest.raises(loop.TooSlow) as slow:
+        _loop([65.0, 50.0, 50.0, 50.0], long, monkeypatch, ends_after=155.0)
+    assert slow.value.late and slow.value.step_s == 50.0
+    # 55 s then 43 s steps with 165 s left: the window fits, and is the result.
+    warm, _, windows = _loop([55.0, 43.0, 43.0, 43.0], long, monkeypatch, ends_after=165.0)
+    assert (warm.ended_by, len(windows)) == (TIME, 1)
+    # Steady steps that disagree would take a third window; with 40 s left at warm-up's
+    # start the second window's end leaves no room for one, and the two are the result.
+    steps = [10.0, 8.0, 8.0, 9.5, 8.0, 8.0]
+    assert len(_loop(steps, replace(S, max_seconds=1000.0), monkeypatch)[2]) == 3
+    assert len(_loop(steps, replace(S, max_seconds=1000.0), monkeypatch, 40.0)[2]) == 2
+
+
+def test_the_driver_gives_up_on_a_script_that_cannot_be_measured_before_its_timeout(
+        tmp_path: Path) -> None:
+    # Two 40 s steps after a 5 s start-up: warm-up ends on time, and a window would end past
+    # a 120 s timeout (35 s left); a 200 s timeout holds it.
+    long = replace(S, max_seconds=144.0)
+    d = _driver(tmp_path, [40.0, 40.0], long, timeout_s=120.0)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["status"], d.give_up) == ("timeout", True)
+    assert "would not end before the trial timeout (120s)" in result["reason"]
+    assert result["ended_by"] == "trial_timeout"
+    assert not _driver(tmp_path / "more", [40.0, 40.0], long, timeout_s=200.0).done

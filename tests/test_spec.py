@@ -48,3 +48,11 @@ def test_settings_recorded_in_either_form_compare_equal() -> None:
     assert not MeasureSettings.same({"max_seconds": 30.0, "min_window_s": 1.0}, settings)
     assert not MeasureSettings.same(None, settings)
     assert settings.with_longer_windows().min_window_s == 2.0
+
+
+def test_when_the_trial_timeout_ends_a_trial_is_read_as_a_finite_time_or_none() -> None:
+    doc = TrialSpec(WorkloadSpec("mlp", {}), Config()).to_json()
+    assert "ends_by" not in doc and TrialSpec.from_json(doc).ends_by is None
+    assert TrialSpec.from_json({**doc, "ends_by": 1.5e9}).ends_by == 1.5e9
+    for bad in (float("inf"), float("nan"), "soon", True, None):
+        assert TrialSpec.from_json({**doc, "ends_by": bad}).ends_by is None

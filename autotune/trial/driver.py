@@ -25,6 +25,7 @@ from typing import Any
 
 from autotune.steps import STOP_FILE, steps_file
 from autotune.trial import progress, protocol
+from autotune.trial.measurement import TRIAL_TIMEOUT
 from autotune.trial.protocol import WarmUp, WindowStats
 from autotune.trial.reports import MIN_STEP_S, RankReports, slowest_span, trial_end
 from autotune.trial.result import RESULT_SCHEMA, TrialResultDoc, Window
@@ -267,7 +268,9 @@ class StepDriver:
         judged as the bench judges it while warm-up is below its minimum), or, on the wall
         clock, a step has not ended by the longest a trial measures
         (``protocol.past_allowance``): the bench's trial timeout would end such a step, but
-        here it is seen. Past that with windows measured, they are the result."""
+        here it is seen; or warm-up and a window would not end before the trial timeout
+        (``protocol.ends_too_late``). Past that with windows measured, they are the
+        result."""
         s, warm = self.settings, self.warmup
         first, now = self._ends(1), time.time()
         if self.windows:
@@ -282,6 +285,13 @@ class StepDriver:
             self._finish("timeout", f"one optimizer step of {self.name} takes "
                          f"~{warm.step_times[-1]:.1f}s; warm-up and a window do not fit the "
                          f"{s.max_seconds:.0f}s measuring budget", give_up=True)
+        elif done and protocol.ends_too_late(warm.step_times[-1], done,
+                                             self.started + self.timeout_s - last, s,
+                                             warm.ended_by is not None):
+            self._finish("timeout", f"one optimizer step of {self.name} takes "
+                         f"~{warm.step_times[-1]:.1f}s; warm-up and a window would not end "
+                         f"before the trial timeout ({self.timeout_s:.0f}s)", give_up=True,
+                         ended_by=TRIAL_TIMEOUT)
         elif protocol.past_allowance(now - first, s):
             before = f" (steps took ~{warm.step_times[-1]:.3g}s before)" \
                 if warm.step_times else ""
@@ -296,7 +306,8 @@ class StepDriver:
         """The step the last window ended with (``warm_end`` before any window)."""
         return self.warm_end + len(self.windows) * self.per_window
 
-    def _finish(self, status: str, reason: str | None, give_up: bool = False) -> None:
+    def _finish(self, status: str, reason: str | None, give_up: bool = False,
+                ended_by: str | None = None) -> None:
         # A script that trains another batch throughout (its own fixed one) is told how to
         # tune it; a count no batch of the config holds, here and there, is a bad report.
         mismatch = overridden(self.ranks, self.expected_samples, self.name, self.warm_end,
@@ -306,6 +317,8 @@ class StepDriver:
         if mismatch is not None or bad is not None:
             status, reason, give_up = "error", mismatch or bad, True
         doc = self._document(status, reason, samples_mismatch=mismatch is not None)
+        if ended_by is not None:
+            doc["ended_by"] = ended_by
         self.result = doc
         _write_json(self.result_path, doc)
         self.done, self.give_up = True, give_up

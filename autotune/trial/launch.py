@@ -217,7 +217,9 @@ def _prepare(p: TrialPlan) -> dict[str, str]:
         clear(Path(p.spec_path).parent)
     if p.profile is not None:
         Path(p.spec_path).with_name("profile.yaml").write_text(p.profile)
-    Path(p.spec_path).write_text(json.dumps(p.spec))
+    # When the timeout will end it, on the wall clock every rank shares: a trial that cannot
+    # measure by then stops itself (``protocol.ends_too_late``).
+    Path(p.spec_path).write_text(json.dumps({**p.spec, "ends_by": time.time() + p.timeout_s}))
     for path in (p.result_path, p.progress_path, *_rank_files(p.result_path)):
         Path(path).unlink(missing_ok=True)
     env = {**os.environ, **p.env, "AUTOTUNE_TUNER_PID": str(os.getpid()),

@@ -70,7 +70,7 @@ def _signal_death(stderr_tail: str, reporter: int | None) -> tuple[int, int] | N
 # Why a trial ended when it did not simply finish (Measurement.ended_by).
 INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
 BUDGET = "budget"  # the run's --timeout: not a result, measured again by the next run
-TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit
+TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit, or stopped just before it
 TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its budget
 MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
 PRUNED = "pruned"  # the tuner stopped it: its first windows were clearly below the best
@@ -286,7 +286,10 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
         rough = doc.get("first_step_samples_per_sec")
         ended = None
         if status == "timeout":
-            ended = COMPILE_LIMIT if doc.get("ended_by") == COMPILE_LIMIT else TOO_SLOW
+            # The trial stopped itself at its compile limit, or before the trial timeout it
+            # could not have been measured by (as if killed there), or as too slow.
+            said = doc.get("ended_by")
+            ended = said if said in (COMPILE_LIMIT, TRIAL_TIMEOUT) else TOO_SLOW
         return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
                            windows=doc.get("windows") or [], timings=doc.get("timings") or {},
                            warmup=doc.get("warmup") or {},

@@ -9,6 +9,7 @@ answer travels the other way as one JSON document (``trial.result``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -104,6 +105,10 @@ class TrialSpec:
     flops_per_sample: float | None = None
     flops_source: str | None = None
     count_flops: bool = False
+    # The wall clock (time.time()) at which the trial's timeout ends it: written by the
+    # launcher as it starts the trial, so a trial that cannot warm up and time a window by
+    # then stops itself, as too slow, instead of being killed with nothing.
+    ends_by: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"workload": {"spec": self.workload.spec, "params": dict(self.workload.params)},
@@ -113,7 +118,8 @@ class TrialSpec:
                 "address_space_bytes": self.address_space_bytes,
                 "flops": ({"per_sample": self.flops_per_sample, "source": self.flops_source}
                           if self.flops_per_sample else {}),
-                "count_flops": self.count_flops}
+                "count_flops": self.count_flops,
+                **({"ends_by": self.ends_by} if self.ends_by is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> TrialSpec:
@@ -125,4 +131,12 @@ class TrialSpec:
                    memory_limit_bytes=doc.get("memory_limit_bytes"),
                    address_space_bytes=doc.get("address_space_bytes"),
                    flops_per_sample=flops.get("per_sample"), flops_source=flops.get("source"),
-                   count_flops=bool(doc.get("count_flops")))
+                   count_flops=bool(doc.get("count_flops")),
+                   ends_by=_finite(doc.get("ends_by")))
+
+
+def _finite(value: Any) -> float | None:
+    """A finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
 import signal
@@ -37,7 +38,7 @@ from typing import Any
 from autotune.errors import one_line
 from autotune.trial.bench.process import tie_to_tuner, write_json
 from autotune.trial.bench.ranks import Ranks
-from autotune.trial.measurement import COMPILE_LIMIT, is_oom
+from autotune.trial.measurement import COMPILE_LIMIT, TRIAL_TIMEOUT, is_oom
 from autotune.trial.merge import merge_ranks
 from autotune.trial.progress import Progress
 from autotune.trial.result import RESULT_SCHEMA, Timings, TrialResultDoc
@@ -98,12 +99,18 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         return
     t_warm = time.time()
     try:
-        warm = warm_up(trainer, settings, progress)
+        warm = warm_up(trainer, settings, progress,
+                       math.inf if spec.ends_by is None else spec.ends_by)
     except TooSlow as slow:
         result["status"] = "timeout"
         result["reason"] = (f"one optimizer step takes ~{slow.step_s:.1f}s; warm-up and a window "
-                            f"do not fit the {settings.max_seconds:.0f}s measuring budget")
+                            + ("would not end before the trial timeout" if slow.late else
+                               f"do not fit the {settings.max_seconds:.0f}s measuring budget"))
         result["first_step_samples_per_sec"] = slow.rate
+        if slow.late:
+            # What the trial timeout would have done, only sooner: the tuner reads it so (a
+            # timeout its run's --timeout set is no verdict on the config).
+            result["ended_by"] = TRIAL_TIMEOUT
         timings["warmup_s"] = time.time() - t_warm
         return
     timings["warmup_s"] = time.time() - t_warm
@@ -117,7 +124,8 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         trainer.comm.take_wait()  # warm-up's communication is not part of any window
     t_measure = time.time()
     try:
-        steps = measure_windows(trainer, settings, progress, warm, result["windows"])
+        steps = measure_windows(trainer, settings, progress, warm, result["windows"],
+                                math.inf if spec.ends_by is None else spec.ends_by)
     except Diverged as exc:
         result["status"], result["reason"] = "diverged", str(exc)
         timings["measure_s"] = time.time() - t_measure

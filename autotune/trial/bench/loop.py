@@ -9,6 +9,7 @@ ranks agree on (the slowest rank's), so no rank leaves a collective the others s
 
 from __future__ import annotations
 
+import math
 import time
 
 from autotune.trial import protocol
@@ -33,19 +34,26 @@ def check_finite(trainer: Trainer, where: str) -> None:
 
 
 class TooSlow(Exception):
-    """Warm-up and one window cannot fit the measuring budget: the step takes ``step_s``."""
+    """Warm-up and one window cannot fit the measuring budget, or cannot end before the
+    trial's timeout (``late``): the step takes ``step_s``."""
 
-    def __init__(self, step_s: float, rate: float) -> None:
+    def __init__(self, step_s: float, rate: float, late: bool = False) -> None:
         super().__init__(step_s)
-        self.step_s, self.rate = step_s, rate
+        self.step_s, self.rate, self.late = step_s, rate, late
 
 
 def _check_fits(trainer: Trainer, settings: MeasureSettings, step_s: float, steps_done: int,
-                elapsed: float) -> None:
+                elapsed: float, left: float = math.inf, warmed_up: bool = False) -> None:
     """Raise TooSlow as soon as warm-up and one window cannot fit the measuring budget
-    (``protocol.too_slow``), instead of burning the whole trial timeout."""
-    if protocol.too_slow(step_s, steps_done, elapsed, settings):
-        raise TooSlow(step_s, trainer.config.samples_per_step / step_s)
+    (``protocol.too_slow``, below warm-up's minimum steps) or end before the trial's timeout,
+    ``left`` seconds away (``protocol.ends_too_late``), instead of burning the whole trial
+    timeout."""
+    rate = trainer.config.samples_per_step / step_s
+    if steps_done < settings.warmup_min_steps and \
+            protocol.too_slow(step_s, steps_done, elapsed, settings):
+        raise TooSlow(step_s, rate)
+    if protocol.ends_too_late(step_s, steps_done, left, settings, warmed_up):
+        raise TooSlow(step_s, rate, late=True)
 
 
 class _FirstStep:
@@ -72,9 +80,11 @@ class _FirstStep:
         _check_fits(self.trainer, self.settings, step_s, 0, elapsed)
 
 
-def warm_up(trainer: Trainer, settings: MeasureSettings, progress: Progress) -> WarmUp:
+def warm_up(trainer: Trainer, settings: MeasureSettings, progress: Progress,
+            ends_by: float = math.inf) -> WarmUp:
     """Whole steps, each synchronised, until ``protocol.warmup_ended`` says so; raises TooSlow
-    for a config the budget cannot measure. The budget counts from warm-up's start."""
+    for a config the budget cannot measure, or that cannot be measured before ``ends_by``
+    (the trial timeout, on the wall clock). The budget counts from warm-up's start."""
     warm = WarmUp(started=time.time())
     first = _FirstStep(trainer, settings, warm.started)
     times = warm.step_times
@@ -86,24 +96,26 @@ def warm_up(trainer: Trainer, settings: MeasureSettings, progress: Progress) -> 
         wait = trainer.step(first if not times else None)
         trainer.sync()
         own = time.perf_counter() - t
-        step_s, elapsed = trainer.ranks.agree(own, time.time() - warm.started)
+        now = time.time()
+        # The most pessimistic rank's view of the time left: every rank decides alike.
+        step_s, elapsed, late = trainer.ranks.agree(own, now - warm.started, now - ends_by)
         warm.last = {"seconds": own, "data_wait_s": wait}
         if trainer.comm is not None:
             warm.last["comm_wait_s"] = trainer.comm.take_wait()
         times.append(step_s)
         progress.emit("warmup_step", seconds=step_s)
-        # Below warm-up's minimum the steps say whether the config can be measured at all.
-        if len(times) < settings.warmup_min_steps:
-            _check_fits(trainer, settings, step_s, len(times), elapsed)
-        warm.ended_by = protocol.warmup_ended(times, elapsed, settings)
+        ended = protocol.warmup_ended(times, elapsed, settings)
+        _check_fits(trainer, settings, step_s, len(times), elapsed, -late, ended is not None)
+        warm.ended_by = ended
     return warm
 
 
 def measure_windows(trainer: Trainer, settings: MeasureSettings, progress: Progress,
-                    warm: WarmUp, windows: list[Window]) -> int:
+                    warm: WarmUp, windows: list[Window], ends_by: float = math.inf) -> int:
     """Timed windows, end to end (data loading included), synchronised only at their edges,
     appended to ``windows`` as they end; returns the steps per window. Each rank keeps its own
-    windows; the stop rule reads the slowest rank's."""
+    windows; the stop rule reads the slowest rank's. No window is started that would not end
+    before ``ends_by`` (the trial timeout): the windows so far are the result."""
     config = trainer.config
     steps = protocol.steps_per_window(warm.step_times[-1], settings)
     rates: list[float] = []
@@ -116,7 +128,7 @@ def measure_windows(trainer: Trainer, settings: MeasureSettings, progress: Progr
                           "samples": config.samples_per_rank_step, "from_warmup": True}
         if "comm_wait_s" in last:
             window["comm_wait_s"] = last["comm_wait_s"]
-        done = _ended(trainer, settings, progress, warm, windows, window, rates)
+        done = _ended(trainer, settings, progress, warm, windows, window, rates, ends_by)
     while done is None:
         trainer.sync()
         t = time.perf_counter()
@@ -127,21 +139,27 @@ def measure_windows(trainer: Trainer, settings: MeasureSettings, progress: Progr
                   "samples": steps * config.samples_per_rank_step}
         if trainer.comm is not None:
             window["comm_wait_s"] = trainer.comm.take_wait()
-        done = _ended(trainer, settings, progress, warm, windows, window, rates)
+        done = _ended(trainer, settings, progress, warm, windows, window, rates, ends_by)
     return steps
 
 
 def _ended(trainer: Trainer, settings: MeasureSettings, progress: Progress, warm: WarmUp,
-           windows: list[Window], window: Window, rates: list[float]) -> str | None:
+           windows: list[Window], window: Window, rates: list[float],
+           ends_by: float = math.inf) -> str | None:
     """Keep a timed ``window``, say it, and whether measuring stops after it (on the slowest
-    rank's time, which every rank agrees on)."""
+    rank's time, which every rank agrees on): by the protocol's rule, or because another
+    window like it would not end before ``ends_by``."""
     windows.append(window)
     steps = window["steps"]
-    slowest, elapsed = trainer.ranks.agree(window["seconds"], time.time() - warm.started)
+    now = time.time()
+    slowest, elapsed, late = trainer.ranks.agree(window["seconds"], now - warm.started,
+                                                 now - ends_by)
     samples = steps * trainer.config.samples_per_step
     rates.append(samples / slowest)
     progress.emit("window", index=len(windows) - 1, samples=samples, seconds=slowest,
                   data_wait_s=window["data_wait_s"], comm_wait_s=window.get("comm_wait_s", 0.0),
                   samples_per_sec=rates[-1])
     check_finite(trainer, f"window {len(windows)}")
-    return protocol.windows_done(rates, elapsed, slowest, settings, steps)
+    done = protocol.windows_done(rates, elapsed, slowest, settings, steps)
+    return done or (protocol.BUDGET_SPENT if protocol.window_ends_too_late(slowest, -late)
+                    else None)
