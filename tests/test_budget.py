@@ -61,6 +61,17 @@ def test_steps_are_fitted_on_samples_per_step_from_the_studys_trials() -> None:
     assert acc is not None and acc.step_s == pytest.approx(p.step_s)
 
 
+def test_below_the_smallest_batch_a_noisy_fit_is_no_less_than_scaled_steps() -> None:
+    # A default run on a drifting machine: bf16 8 x 1 in 4.04 s, 16 x 1 in 15.2 s. The line
+    # through them is below zero at 4 samples; the smallest batch's step scaled is the floor.
+    noisy = [ok(8, 8 / 4.04, 0), ok(16, 16 / 15.2, 1)]
+    p = StepTimeModel(noisy).predict(Config(micro_batch_size=4))
+    assert p is not None and p.step_s == pytest.approx(4.04 / 2)
+    # Where the fit is above it (a positive intercept), the fit stands.
+    q = StepTimeModel(ZEN3).predict(Config(micro_batch_size=4))
+    assert q is not None and q.step_s == pytest.approx(10.4 - 4 * (19.7 - 10.4) / 8)
+
+
 def test_the_error_is_the_largest_leave_one_out_miss() -> None:
     # Steps of 1 + 0.5 x samples, except 16, measured 10% slow.
     obs = [ok(4, 4 / 3.0, 0), ok(8, 8 / 5.0, 1), ok(16, 16 / (9.0 * 1.1), 2)]

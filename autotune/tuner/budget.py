@@ -133,6 +133,13 @@ class StepTimeModel:
         fit = fit_affine([(s, t) for s, t, _ in points])
         assert fit is not None
         step = max(fit.at(samples), 1e-6)
+        smallest = min(sizes)
+        if samples < smallest:
+            # Below the line's smallest batch a noisy fit (a negative intercept: 8 samples in
+            # 4.0 s, 16 in 15.2 s on a drifting machine) can predict no time at all; no less
+            # than the smallest batch's step scaled down with the samples.
+            t_small = statistics.fmean(t for s, t, _ in points if s == smallest)
+            step = max(step, t_small * samples / smallest)
         error, source = _loo_error(points), "leave-one-out over those trials"
         if error is None:
             error, source = ASSUMED_ERROR, "assumed until three batch sizes have run"
