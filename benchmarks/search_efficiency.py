@@ -54,8 +54,8 @@ from autotune.testing.hardware import fake_cpu  # noqa: E402
 from autotune.trial.launch import execute, plan  # noqa: E402
 from autotune.trial.measurement import PRUNED, Measurement, classify, median_and_cv  # noqa: E402
 from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
+from autotune.tuner.pruning import prune_reason  # noqa: E402
 from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
-from autotune.tuner.search import prune_reason  # noqa: E402
 from autotune.workloads import WorkloadSpec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

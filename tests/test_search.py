@@ -16,12 +16,12 @@ from autotune.tuner.confirmation import (
     decided_in_one_round,
     plan_confirmation,
 )
+from autotune.tuner.pruning import prune_reason
 from autotune.tuner.search import (
     MemoryModel,
     Observation,
     fit_affine,
     noise_of,
-    prune_reason,
     since_improvement,
     staged_next,
 )

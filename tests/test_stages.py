@@ -133,6 +133,7 @@ def _line_space(amps: tuple[str, ...] = ("off",)) -> Any:
 
 def test_doubling_stops_when_two_doublings_gain_less_than_the_noise_or_mfu_is_near_peak(
         ) -> None:
+    """... or when one lost clearly."""
     space = _line_space()
     model = MemoryModel([], "cpu", 100 * 2**30)
 
@@ -153,6 +154,10 @@ def test_doubling_stops_when_two_doublings_gain_less_than_the_noise_or_mfu_is_ne
     # The line's fastest is its smallest batch, by more than the noise, two doublings on: step
     # down once.
     assert run({8: 100.0, 16: 90.0, 32: 85.0}) == 4
+    # A doubling that lost more than twice the noise is the line's last (a run doubled bf16
+    # past a 16x1 at 0.53x of its 8x1): the line steps down instead. A loss within it doubles on.
+    assert run({8: 100.0, 16: 53.0}) == 4
+    assert run({8: 100.0, 16: 97.0}) == 32
 
 
 def test_the_precision_with_the_most_measured_headroom_goes_first() -> None:

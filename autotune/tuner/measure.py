@@ -31,7 +31,7 @@ from autotune.trial.reports import finite_number
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
 from autotune.tuner import fleet, record
 from autotune.tuner.diagnosis import with_efficiency
-from autotune.tuner.search import prune_reason
+from autotune.tuner.pruning import prune_reason
 from autotune.workloads import WorkloadSpec
 
 

@@ -1,4 +1,4 @@
-"""How trials are spent: the memory model, the staged start, pruning and early stop.
+"""How trials are spent: the memory model, the staged start, the noise and early stop.
 
 Pure functions over what the study has observed (``Observation``); ``runner.py`` runs the trials.
 
@@ -11,9 +11,11 @@ Pure functions over what the study has observed (``Observation``); ``runner.py``
   headroom first): the largest micro-batch that fits, by doubling from the baseline's, then
   bisection between the largest that fit and the smallest that did not (configs the memory
   model rules out count as not fitting, at no cost). A line stops doubling once two doublings
-  gained less than the noise or its MFU is near its precision's measured peak; a precision
+  gained less than the noise, one lost more than twice the noise, or its MFU is near its
+  precision's measured peak; a precision
   whose measured peak is below what the best config already achieves is not searched.
-- **Pruning.** A trial whose first windows are all clearly below the best is stopped.
+- **Pruning.** A trial whose first windows are all clearly below the best is stopped
+  (``tuner.pruning``).
 - **Early stop.** When nothing beat the best by more than the noise for ``patience`` trials.
 - **Winner.** Decided by the confirmation (``tuner.confirmation``).
 """
@@ -30,17 +32,6 @@ from autotune.config.space import Choices, NarrowedSpace
 
 HEADROOM = 0.05  # an exported config peaks at least this share below the memory limit
 NOISE_FLOOR = 0.02  # no measured difference below 2% is a win (see benchmarks/repeatability.py)
-PRUNE_AFTER_WINDOWS = 2
-# A trial is pruned when each of its first windows is below this share of the best. Measured on
-# the search benchmark's grids (benchmarks/data): a config's final median was at most 1.05x the
-# better of its first two windows on BERT, 1.21x on the noisy mlp, so a trial pruned at 0.75x
-# would have finished at most at 0.91x the best.
-PRUNE_BELOW = 0.75
-# Where a window is one whole step (seconds each), a trial is pruned after its first window
-# when that window is below this share of the best: on the BERT grid a config's final median
-# was at most 1.20x its first window, so a trial pruned here would have finished at most at
-# 0.72x the best.
-PRUNE_BELOW_FIRST = 0.6
 PATIENCE = 10
 # A line whose MFU reached this share of its precision's measured peak is not doubled again:
 # a larger batch has no compute left to gain.
@@ -295,7 +286,18 @@ def _line_done(nxt: int, seen: dict[int, bool], rates: dict[int, float],
     if top is not None and nxt > top and top in pruned:
         return True
     return bool(rates) and nxt > max(rates) and (
-        _gains_flat(rates, noise) or mfus.get(max(rates), 0.0) >= NEAR_PEAK)
+        _gains_flat(rates, noise) or _lost(rates, noise)
+        or mfus.get(max(rates), 0.0) >= NEAR_PEAK)
+
+
+def _lost(rates: dict[int, float], noise: float) -> bool:
+    """Whether the line's last doubling lost more than twice the noise: not flat, slower (a
+    run doubled bf16 past a 16x1 at 0.53x of its 8x1, and spent two minutes on 32x1)."""
+    sizes = sorted(rates)
+    if len(sizes) < 2:
+        return False
+    b, c = sizes[-2:]
+    return c == 2 * b and rates[c] < rates[b] * (1 - 2 * noise)
 
 
 def _below_the_best(values: list[int], rates: dict[int, float], seen: dict[int, bool],
@@ -378,23 +380,3 @@ def since_improvement(observations: Sequence[Observation], noise: float) -> int:
         if value is not None:
             best = max(best, value)
     return count
-
-
-def prune_reason(window_rates: Sequence[float], best: float | None,
-                 after: int = PRUNE_AFTER_WINDOWS, below: float = PRUNE_BELOW,
-                 one_step_windows: bool = False) -> str | None:
-    """Why a running trial should stop now, or None: its first ``after`` windows are all below
-    ``below`` x the best trial's samples/sec; where each window is one whole step
-    (``one_step_windows``), already its first window below ``PRUNE_BELOW_FIRST`` x the best."""
-    if best is None or best <= 0 or not window_rates:
-        return None
-    if one_step_windows and window_rates[0] < PRUNE_BELOW_FIRST * best:
-        return (f"its first window (one whole step) reached {window_rates[0]:.4g} samples/s, "
-                f"below {PRUNE_BELOW_FIRST:.2f} x the best trial's {best:.4g}")
-    if len(window_rates) < after:
-        return None
-    top = max(window_rates[:after])
-    if top >= below * best:
-        return None
-    return (f"its first {after} windows reached at most {top:.4g} samples/s, below "
-            f"{below:.2f} x the best trial's {best:.4g}")
