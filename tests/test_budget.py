@@ -419,3 +419,23 @@ def test_compiling_is_counted_apart_from_start_up() -> None:
     assert compile_seconds([60.0], 120.0) == pytest.approx(72.0)  # a fifth more
     assert compile_seconds([110.0], 120.0) == 120.0  # never above the limit
     assert compile_seconds([], 120.0) == 120.0  # before any compile: the limit
+
+
+def test_a_noisy_fits_lower_end_is_no_shorter_than_a_measured_smaller_batchs_step() -> None:
+    # A default run on a drifting machine: bf16 8x1 in 6.0 s, 16x1 in 15.4 s, 32x1 in 21.3 s.
+    # The fit's leave-one-out error is above 100%, so its lower end for 64x1 was below zero,
+    # and 64x1 started with 65 s of the search left, to be cut by it. A step of 64 samples
+    # takes no less than the 21.3 s of 32: warm-up and two windows need more than is left.
+    line = [Observation(Config(micro_batch_size=m, amp="bf16"), "ok", m / t, GIB,
+                        spread_cv=0.05, number=i)
+            for i, (m, t) in enumerate(((8, 6.0), (16, 15.4), (32, 21.3)))]
+    model = StepTimeModel(line)
+    config = Config(micro_batch_size=64, amp="bf16")
+    p = model.predict(config)
+    assert p is not None and p.error > 1.0 and p.low_s == pytest.approx(21.3)
+    plan = plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=5.0,
+                      left_s=65.0)
+    assert plan.no_room is not None and "needs >= " in plan.no_room
+    # With room for it, it runs.
+    assert plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=5.0,
+                      left_s=600.0).no_room is None

@@ -72,6 +72,15 @@ class StepPrediction:
     error: float  # relative: the step is expected within step_s x (1 +- error)
     basis: str  # one line: which trials, which fit, where the error came from
     fitted: bool  # an affine fit on two or more batch sizes (else scaled from one trial)
+    # No shorter than a step the study measured with fewer or as many samples (same speed
+    # key): a step does not get faster with more samples.
+    floor_s: float = 0.0
+
+    @property
+    def low_s(self) -> float:
+        """The prediction's lower end: ``step_s x (1 - error)``, no less than ``floor_s`` (an
+        error above 100%, from a noisy fit, would put it at or below zero)."""
+        return max(self.step_s * (1.0 - self.error), self.floor_s)
 
     def to_dict(self) -> PredictionForm:
         return {"step_s": round(self.step_s, 4), "error": round(self.error, 4),
@@ -120,6 +129,8 @@ class StepTimeModel:
                 f"{100 * ASSUMED_ERROR:.0f}% assumed", False)
         samples = config.samples_per_step
         sizes = {s for s, _, _ in points}
+        below = [s for s in sizes if s <= samples]
+        floor = statistics.fmean(t for s, t, _ in points if s == max(below)) if below else 0.0
         trials = ", ".join(str(n) for _, _, n in points)
         if len(sizes) < 2:
             # One batch size: steps scaled with the samples (compute-bound, which is where
@@ -129,7 +140,7 @@ class StepTimeModel:
             return StepPrediction(
                 t0 * samples / s0, ASSUMED_ERROR,
                 f"scaled from {s0:g} samples/step ({_fmt(t0)}; trial {trials}) with the same "
-                f"{_key_words(config)}; error {100 * ASSUMED_ERROR:.0f}% assumed", False)
+                f"{_key_words(config)}; error {100 * ASSUMED_ERROR:.0f}% assumed", False, floor)
         fit = fit_affine([(s, t) for s, t, _ in points])
         assert fit is not None
         step = max(fit.at(samples), 1e-6)
@@ -147,7 +158,7 @@ class StepTimeModel:
             step, error,
             f"step = {_fmt(fit.intercept)} + {_fmt(fit.slope)} x samples, fitted on trials "
             f"{trials} with the same {_key_words(config)}; error {100 * error:.0f}% ({source})",
-            True)
+            True, floor)
 
 
 def _loo_error(points: list[tuple[int, float, int]]) -> float | None:
@@ -226,7 +237,7 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
     if p is None:
         return TrialBudget(settings)
     need = measuring_seconds(p.step_s * (1.0 + p.error), settings)
-    least = measuring_seconds(p.step_s * (1.0 - p.error), settings, SPREAD_WINDOWS)
+    least = measuring_seconds(p.low_s, settings, SPREAD_WINDOWS)
     if need <= settings.max_seconds:
         # Short steps: the search's settings, if what is left of --timeout holds the trial.
         if left_s is not None and least > left_s - startup_s:
