@@ -9,12 +9,12 @@ answer travels the other way as one JSON document (``trial.result``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autotune.config.knobs import Config
+from autotune.trial.reports import finite_number
 from autotune.workloads import WorkloadSpec
 
 # ``flops_source`` of a FLOPs-per-sample figure a trial counted with PyTorch's FLOP counter.
@@ -132,11 +132,5 @@ class TrialSpec:
                    address_space_bytes=doc.get("address_space_bytes"),
                    flops_per_sample=flops.get("per_sample"), flops_source=flops.get("source"),
                    count_flops=bool(doc.get("count_flops")),
-                   ends_by=_finite(doc.get("ends_by")))
+                   ends_by=finite_number(dict(doc), "ends_by"))
 
-
-def _finite(value: Any) -> float | None:
-    """A finite number, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None

@@ -97,10 +97,10 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
     progress.emit("built", build_s=timings["build_s"])
     if spec.config.compile != "off" and not _compile(trainer, spec, progress, result, ranks):
         return
+    ends_by = math.inf if spec.ends_by is None else spec.ends_by  # the trial timeout's end
     t_warm = time.time()
     try:
-        warm = warm_up(trainer, settings, progress,
-                       math.inf if spec.ends_by is None else spec.ends_by)
+        warm = warm_up(trainer, settings, progress, ends_by)
     except TooSlow as slow:
         result["status"] = "timeout"
         result["reason"] = (f"one optimizer step takes ~{slow.step_s:.1f}s; warm-up and a window "
@@ -124,8 +124,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         trainer.comm.take_wait()  # warm-up's communication is not part of any window
     t_measure = time.time()
     try:
-        steps = measure_windows(trainer, settings, progress, warm, result["windows"],
-                                math.inf if spec.ends_by is None else spec.ends_by)
+        steps = measure_windows(trainer, settings, progress, warm, result["windows"], ends_by)
     except Diverged as exc:
         result["status"], result["reason"] = "diverged", str(exc)
         timings["measure_s"] = time.time() - t_measure
