@@ -11,10 +11,11 @@ from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow, parse_space
 from autotune.testing.hardware import fake_cpu, fake_gpus
 from autotune.trial.measurement import Measurement
+from autotune.tuner.budget import StepTimeModel
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord, read_trial
 from autotune.tuner.search import MemoryModel, Observation, staged_next
-from autotune.tuner.stages import REMEDIES, diagnosis_next, story
+from autotune.tuner.stages import REMEDIES, diagnosis_next, running_as, story
 
 GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
                    supports=DECLARED)
@@ -79,6 +80,24 @@ def test_a_stage_walks_its_remedies_and_ends_when_all_were_tried() -> None:
                           "compile max-autotune-no-cudagraphs"]
     assert "matmul_precision high" in stages and "attention sdpa" in stages
     assert len(stages) == len(set(stages))
+
+
+def test_a_change_to_what_the_incumbent_already_runs_as_is_not_proposed() -> None:
+    """BERT's ``attention: default`` runs sdpa (read back in its trial): a trial of ``attention
+    sdpa`` would measure the same code again, so the stage goes on to eager."""
+    base = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
+    same = running_as(base, {"attention": "sdpa", "threads": 2})
+    assert same == {"attention": "sdpa"}
+    low = [finding("low-mfu", mfu=0.07)]
+    tried: set[Config] = set()
+    stages = []
+    while (p := diagnosis_next(GPU_SPACE, base, low, tried, never, same)) is not None:
+        tried.add(p.config)
+        stages.append(p.stage.split("-> ")[1])
+    assert "attention sdpa" not in stages and "attention eager" in stages
+    # Set explicitly, or not read back (not a transformers model): nothing is assumed.
+    assert running_as(GPU_SPACE.variant(base, attention="eager"), {"attention": "sdpa"}) == {}
+    assert running_as(base, {"attention": None}) == {}
 
 
 def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch() -> None:
@@ -158,6 +177,34 @@ def test_doubling_stops_when_two_doublings_gain_less_than_the_noise_or_mfu_is_ne
     # past a 16x1 at 0.53x of its 8x1): the line steps down instead. A loss within it doubles on.
     assert run({8: 100.0, 16: 53.0}) == 4
     assert run({8: 100.0, 16: 97.0}) == 32
+
+
+def test_doubling_stops_where_the_step_time_model_says_it_cannot_gain_more_than_the_noise(
+        ) -> None:
+    """A run's bf16 line: 8x1 3.71 s a step, 16x1 6.87 s, 32x1 13.0 s (in-trial spreads 6.9%,
+    4.1%, 1.2%: noise 8.2%). The fit over the three predicts 64x1 at ~25.4 s, 2.5-2.6
+    samples/s at its fast end, within the noise of 32x1's 2.46: the line is not doubled again
+    (the run spent 97 s measuring 64x1 at 2.29). Where the fit still predicts a gain, or rests
+    on two batches only (its error assumed), the line doubles on."""
+    space = _line_space()
+    model = MemoryModel([], "cpu", 100 * 2**30)
+    base = Config(micro_batch_size=8)
+
+    def run(steps: dict[int, float], cvs: tuple[float, ...] = (0.069, 0.041, 0.012)
+            ) -> int | None:
+        obs = [Observation(Config(micro_batch_size=m), "ok", m / s, 2**30, spread_cv=cv)
+               for (m, s), cv in zip(steps.items(), cvs, strict=False)]
+        p = staged_next(space, base, obs, model, fastest=StepTimeModel(obs).fastest)
+        return None if p is None else p.config.micro_batch_size
+
+    ran = {8: 3.71, 16: 6.87, 32: 13.0}
+    assert run(ran) is None
+    obs = [Observation(Config(micro_batch_size=m), "ok", m / s, 2**30, spread_cv=0.01)
+           for m, s in ran.items()]
+    p = staged_next(space, base, obs, model)  # without the model: one flat doubling, go on
+    assert p is not None and p.config.micro_batch_size == 64
+    assert run({8: 4.0, 16: 5.0, 32: 7.0}) == 64  # a large intercept: doubling still pays
+    assert run({8: 3.71, 16: 6.87}) == 32  # two batches: the error is not measured yet
 
 
 def test_the_precision_with_the_most_measured_headroom_goes_first() -> None:

@@ -161,6 +161,16 @@ class StepTimeModel:
             True, floor)
 
 
+    def fastest(self, config: Config) -> float | None:
+        """The samples/sec at the fast end of ``config``'s prediction (``low_s``), where it is
+        fitted on three or more batch sizes of its speed key (its error measured, leave-one-out
+        over them); None otherwise: an assumed error never rules a config out."""
+        if len({s for s, _, _ in self._points.get(speed_key(config), [])}) < 3:
+            return None
+        p = self.predict(config)
+        return None if p is None else config.samples_per_step / p.low_s
+
+
 def _loo_error(points: list[tuple[int, float, int]]) -> float | None:
     """The largest relative miss predicting each point from the others; None with fewer than
     three distinct batch sizes (two points fit any line exactly)."""

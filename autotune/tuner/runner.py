@@ -31,6 +31,7 @@ from autotune.paths import study_folder
 from autotune.trial.command import parse_command
 from autotune.trial.executors import Executor, start_executor
 from autotune.tuner import (
+    budget,
     claims,
     confirm,
     options,
@@ -269,7 +270,8 @@ class Runner(TrialSteps):
 
         running = snap.pending.running
         proposal = staged_next(self.space, self.baseline, snap.observations, model,
-                               too_slow=too_slow, peaks=self._peaks(snap)) \
+                               too_slow=too_slow, peaks=self._peaks(snap),
+                               fastest=budget.StepTimeModel(snap.observations).fastest) \
             or self._diagnosis_stage(snap, lambda c: model.verdict(c) is not None
                                      or too_slow(c)
                                      or oversubscribed(c, self.hw.cpu_cores) is not None)
@@ -296,7 +298,8 @@ class Runner(TrialSteps):
             return None
         tried = {o.config for o in snap.observations} | set(snap.pending.running)
         return stages.diagnosis_next(self.space, best.config, diagnose_record(snap, best),
-                                     tried, ruled_out)
+                                     tried, ruled_out,
+                                     stages.running_as(best.config, best.measurement.applied))
 
     def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space

@@ -83,13 +83,26 @@ def _values(knob: str, domain: Choices, current: Any) -> list[Any]:
     return [v for v in first + rest if v != current]
 
 
+def running_as(config: Config, applied: Mapping[str, Any]) -> dict[str, Any]:
+    """What a config's ``default`` knobs ran as, read back in its trial (``applied``): the
+    attention implementation the model chose (BERT picks sdpa by itself, so a trial of
+    ``attention sdpa`` would measure the same code again)."""
+    found = {}
+    if config.attention == "default" and isinstance(applied.get("attention"), str):
+        found["attention"] = applied["attention"]
+    return found
+
+
 def diagnosis_next(space: NarrowedSpace, incumbent: Config,
                    findings: Iterable[Finding], tried: Set[Config],
-                   ruled_out: Callable[[Config], bool]) -> Proposal | None:
+                   ruled_out: Callable[[Config], bool],
+                   same: Mapping[str, Any] | None = None) -> Proposal | None:
     """The next one-knob change of ``incumbent`` that addresses its findings (in the
     diagnosis's order) and has not been measured (``tried``: every config the study ran or
-    queued) nor is ``ruled_out`` (predicted OOM or too slow). None
-    when every remedy the space allows was tried: the stage is over."""
+    queued) nor is ``ruled_out`` (predicted OOM or too slow) nor what the incumbent already
+    runs as (``same``: ``running_as``). None when every remedy the space allows was tried:
+    the stage is over."""
+    same = same or {}
     for finding in findings:
         kind = finding.kind
         words = headline(kind, finding.evidence)
@@ -99,7 +112,8 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
                 continue
             for value in _values(knob, domain, getattr(incumbent, knob)):
                 config = space.variant(incumbent, **{knob: value})
-                if config == incumbent or config in tried or ruled_out(config):
+                if config == incumbent or config in tried or ruled_out(config) \
+                        or (knob in same and same[knob] == value):
                     continue
                 return Proposal(config, f"diagnosis: {words} -> {knob} {_show(value)}")
         if kind == "memory-bound":
