@@ -167,6 +167,9 @@ def test_doubling_stops_when_two_doublings_gain_less_than_the_noise_or_mfu_is_ne
     assert run({8: 100.0, 16: 101.0, 32: 100.5}) is None  # two flat doublings: stop
     # One flat doubling is not enough: a search trial drifts by more than its windows' noise.
     assert run({8: 100.0, 16: 180.0, 32: 181.0}) == 64
+    # Flat against the line's best before it, not the batch before: 32 gained on 16, not on 8;
+    # no 64, the line steps down from its fastest, 8.
+    assert run({8: 2.54, 16: 2.12, 32: 2.32}) == 4
     # Gaining, but the MFU is near the precision's measured peak: no compute left to gain.
     assert run({8: 100.0, 16: 180.0}, mfu=0.95) is None
     assert run({8: 100.0, 16: 180.0}, mfu=0.5) == 32

@@ -30,13 +30,11 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
+from autotune.tuner.lines import NEAR_PEAK, below_the_best, line_done, no_gain
 
 HEADROOM = 0.05  # an exported config peaks at least this share below the memory limit
 NOISE_FLOOR = 0.02  # no measured difference below 2% is a win (see benchmarks/repeatability.py)
 PATIENCE = 10
-# A line whose MFU reached this share of its precision's measured peak is not doubled again:
-# a larger batch has no compute left to gain.
-NEAR_PEAK = 0.9
 
 # Knobs that change peak memory besides the micro-batch. On CPU the trial's process tree is
 # measured, so loader workers (separate processes) and their prefetched batches count too.
@@ -229,8 +227,8 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     ``peaks``; else the baseline's): the micro-batch doubled until a config does not fit (OOM,
     predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error), two
     doublings gained less than the noise, the line's MFU is near its peak, its largest
-    batch was pruned (``_line_done``), or the next doubling cannot gain more than the noise
-    even at the step-time model's ``fastest`` (``_no_gain``); then bisection between the
+    batch was pruned (``lines.line_done``), or the next doubling cannot gain more than the noise
+    even at the step-time model's ``fastest`` (``lines.no_gain``); then bisection between the
     largest that fit and the smallest that did not. The first line starts at the
     baseline's batch; later ones at the largest batch an earlier line fit, which saves the
     doublings up to it; a line whose fastest batch is its smallest then steps down until a
@@ -263,16 +261,16 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
                     if o.mfu:
                         mfus[micro] = o.mfu
         while (nxt := _next_micro(values, seen, start)) is not None:
-            if _line_done(nxt, seen, rates, mfus, pruned, noise):
+            if line_done(nxt, seen, rates, mfus, pruned, noise):
                 break
             config = space.variant(line, micro_batch_size=nxt)
             if model.verdict(config) or (too_slow is not None and too_slow(config)):
                 seen[nxt] = False  # ruled out by a model: no trial needed
                 continue
-            if _no_gain(config, rates, fastest, noise):
+            if no_gain(config, rates, fastest, noise):
                 break
             return Proposal(config, f"staged: largest micro-batch that fits{with_amp}")
-        below = _below_the_best(values, rates, seen, noise)
+        below = below_the_best(values, rates, seen, noise)
         if below is not None:
             config = space.variant(line, micro_batch_size=below)
             if not model.verdict(config) and not (too_slow is not None and too_slow(config)):
@@ -280,73 +278,6 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
                                         f"micro-batch {below}{with_amp}")
         start = max((m for m, fits in seen.items() if fits), default=start)
     return None
-
-
-def _line_done(nxt: int, seen: dict[int, bool], rates: dict[int, float],
-               mfus: dict[int, float], pruned: set[int], noise: float) -> bool:
-    """Whether a line stops before ``nxt``: two doublings gained less than the noise, its
-    fastest batch's MFU is near its peak, or its largest batch that ran was pruned (clearly
-    behind the best; a run doubled fp32 past a pruned 32x1, two minutes for nothing)."""
-    top = max((m for m, fits in seen.items() if fits), default=None)
-    if top is not None and nxt > top and top in pruned:
-        return True
-    return bool(rates) and nxt > max(rates) and (
-        _gains_flat(rates, noise) or _lost(rates, noise)
-        or mfus.get(max(rates), 0.0) >= NEAR_PEAK)
-
-
-def _no_gain(config: Config, rates: dict[int, float],
-             fastest: Callable[[Config], float | None] | None, noise: float) -> bool:
-    """Whether a batch beyond the line's measured ones cannot beat the line's best by more than
-    the noise even at ``fastest`` (the samples/sec at the fast end of the step-time model's
-    prediction; None where that model has no measured error). A run doubled bf16 32x1 (2.46
-    samples/s, noise 6.7%, predicted 64x1 at 2.60 at most) and measured 64x1 at 2.29: 97 s
-    for nothing."""
-    if fastest is None or not rates or config.micro_batch_size <= max(rates):
-        return False
-    best = fastest(config)
-    return best is not None and best < max(rates.values()) * (1.0 + noise)
-
-
-def _lost(rates: dict[int, float], noise: float) -> bool:
-    """Whether the line's last doubling lost more than twice the noise: not flat, slower (a
-    run doubled bf16 past a 16x1 at 0.53x of its 8x1, and spent two minutes on 32x1)."""
-    sizes = sorted(rates)
-    if len(sizes) < 2:
-        return False
-    b, c = sizes[-2:]
-    return c == 2 * b and rates[c] < rates[b] * (1 - 2 * noise)
-
-
-def _below_the_best(values: list[int], rates: dict[int, float], seen: dict[int, bool],
-                    noise: float) -> int | None:
-    """A line that started above its rate peak (a later precision starts at the batch the
-    previous line fit) and was fastest at its smallest batch, by more than the noise: the next
-    smaller batch, once per step down, until one is not faster."""
-    if len(rates) < 2:
-        return None
-    sizes = sorted(rates)
-    best = max(rates, key=lambda m: rates[m])
-    if best != sizes[0] or rates[best] <= rates[sizes[1]] * (1 + noise):
-        return None
-    smaller = [v for v in values if v < best and v not in seen]
-    return smaller[-1] if smaller else None
-
-
-def _gains_flat(rates: dict[int, float], noise: float) -> bool:
-    """Whether the last two doublings of the micro-batch each gained less than the noise (the
-    micro-batch is no longer what limits the rate: the open-ended space stops growing here).
-    Two, not one: a search trial's figure drifts by more than its windows' noise from one
-    process to the next, and on the slow replay of the BERT grid (benchmarks/slow_replay.py,
-    10 seeds) stopping at the first flat doubling left a 14% regret at 8 minutes where two
-    found the optimum (0%). Where the MFU says no compute is left, one doubling is the last
-    (``NEAR_PEAK``)."""
-    sizes = sorted(rates)
-    if len(sizes) < 3:
-        return False
-    a, b, c = sizes[-3:]
-    return b == 2 * a and c == 2 * b and rates[b] < rates[a] * (1 + noise) \
-        and rates[c] < rates[b] * (1 + noise)
 
 
 def _nearest(values: list[int], target: int) -> int:
