@@ -211,7 +211,9 @@ def optimizer_in_force(optimizer: Any) -> OptimizerInForce:
 def model_in_force(model: Any) -> ModelInForce:
     """The attention implementation and checkpointing the model runs with."""
     cfg = getattr(model, "config", None)
+    # The older name only where the newer is missing: transformers 5 warns on reading it.
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
     return {"attention": getattr(cfg, "_attn_implementation", None),
-            "activation_checkpointing": bool(getattr(
-                model, "is_activation_checkpointing",
-                getattr(model, "is_gradient_checkpointing", False)))}
+            "activation_checkpointing": bool(checkpointing)}
