@@ -160,7 +160,6 @@ class StepTimeModel:
             f"{trials} with the same {_key_words(config)}; error {100 * error:.0f}% ({source})",
             True, floor)
 
-
     def fastest(self, config: Config) -> float | None:
         """The samples/sec at the fast end of ``config``'s prediction (``low_s``), where it is
         fitted on three or more batch sizes of its speed key (its error measured, leave-one-out

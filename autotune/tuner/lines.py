@@ -18,9 +18,10 @@ NEAR_PEAK = 0.9
 
 def line_done(nxt: int, seen: dict[int, bool], rates: dict[int, float],
               mfus: dict[int, float], pruned: set[int], noise: float) -> bool:
-    """Whether a line stops before ``nxt``: two doublings gained less than the noise, its
-    fastest batch's MFU is near its peak, or its largest batch that ran was pruned (clearly
-    behind the best; a run doubled fp32 past a pruned 32x1, two minutes for nothing)."""
+    """Whether a line stops before ``nxt``: two doublings did not beat its best before them by
+    more than the noise, one lost more than twice the noise, its fastest batch's MFU is near
+    its peak, or its largest batch that ran was pruned (clearly behind the best; a run doubled
+    fp32 past a pruned 32x1, two minutes for nothing)."""
     top = max((m for m, fits in seen.items() if fits), default=None)
     if top is not None and nxt > top and top in pruned:
         return True

@@ -9,12 +9,12 @@ Pure functions over what the study has observed (``Observation``); ``runner.py``
   memory-relevant knobs is tried.
 - **Staged start.** After the baseline, for each precision (the one with the most measured
   headroom first): the largest micro-batch that fits, by doubling from the baseline's, then
-  bisection between the largest that fit and the smallest that did not (configs the memory
-  model rules out count as not fitting, at no cost). A line stops doubling once two doublings
-  gained less than the noise, one lost more than twice the noise, its MFU is near its
-  precision's measured peak, or the step-time model (fitted on three or more of its batches)
-  says the next doubling cannot gain more than the noise even at its fast end; a precision
-  whose measured peak is below what the best config already achieves is not searched.
+  bisection between the largest that fit and the smallest that did not (configs the memory model
+  rules out count as not fitting, at no cost). A line stops doubling once two doublings did not
+  beat its best before them by more than the noise, one lost more than twice the noise, its MFU is
+  near its precision's measured peak, or the step-time model (fitted on three or more of its
+  batches) says the next doubling cannot gain more than the noise even at its fast end; a
+  precision whose measured peak is below what the best config already achieves is not searched.
 - **Pruning.** A trial whose first windows are all clearly below the best is stopped
   (``tuner.pruning``).
 - **Early stop.** When nothing beat the best by more than the noise for ``patience`` trials.
@@ -226,14 +226,14 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     For each precision (the one with the most measured headroom first, with the probe's
     ``peaks``; else the baseline's): the micro-batch doubled until a config does not fit (OOM,
     predicted OOM, too slow to measure or predicted so by ``too_slow``, or an error), two
-    doublings gained less than the noise, the line's MFU is near its peak, its largest
-    batch was pruned (``lines.line_done``), or the next doubling cannot gain more than the noise
-    even at the step-time model's ``fastest`` (``lines.no_gain``); then bisection between the
-    largest that fit and the smallest that did not. The first line starts at the
-    baseline's batch; later ones at the largest batch an earlier line fit, which saves the
-    doublings up to it; a line whose fastest batch is its smallest then steps down until a
-    smaller batch is slower. A precision whose line cannot reach what a measured config
-    already achieves (``_beyond_reach``) is skipped: it cannot win.
+    doublings did not beat the line's best by more than the noise, the line's MFU is near its
+    peak, its largest batch was pruned (``lines.line_done``), or the next doubling cannot gain
+    more than the noise even at the step-time model's ``fastest`` (``lines.no_gain``); then
+    bisection between the largest that fit and the smallest that did not. The first line starts
+    at the baseline's batch; later ones at the largest batch an earlier line fit, which saves
+    the doublings up to it; a line whose fastest batch is its smallest then steps down until a
+    smaller batch is slower. A precision whose line cannot reach what a measured config already
+    achieves (``_beyond_reach``) is skipped: it cannot win.
     """
     values = micro_values(space, baseline)
     if len(values) < 2:
