@@ -25,7 +25,7 @@ from autotune.tuner.budget import (
     plan_trial,
     startup_seconds,
 )
-from autotune.tuner.confirm import END_OF_SEARCH_S, candidates, costs, reserve
+from autotune.tuner.confirm import END_OF_SEARCH_S, SPREAD_ROUNDS, candidates, costs, reserve
 from autotune.tuner.confirmation import NO_WIN, Candidate, confirmation_seconds, decide, settled
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
@@ -183,6 +183,27 @@ def test_the_staged_start_stops_doubling_at_a_predicted_too_slow_batch() -> None
     assert staged_next(space, Config(), obs, memory, too_slow=too_slow) is None
 
 
+def test_a_doubling_without_room_left_is_passed_over_like_one_too_slow() -> None:
+    """The fp32-only run: 8x1, 16x1 and 32x1 took 6.7, 13.0 and 21.6 s a step; 64x1 (~41 s)
+    fits the trial timeout but not the 106 s left of the search. The staged start passes over
+    it (the runner then takes the incumbent's diagnosis) instead of ending the search there."""
+    space = narrow(load_space("default"), fake_cpu(bf16=False), 1, Config())
+    obs = [ok(8, 8 / 6.7, 0), ok(16, 16 / 13.0, 1), ok(32, 32 / 21.6, 2)]
+    model = StepTimeModel(obs)
+    memory = MemoryModel(obs, "cpu", 18 * GIB)
+
+    def ruled_out(left_s: float | None) -> Any:
+        return lambda c: plan_trial(c, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                                    left_s=left_s).ruled_out
+
+    roomy = staged_next(space, Config(), obs, memory, too_slow=ruled_out(600.0))
+    assert roomy is not None and roomy.config.micro_batch_size == 64
+    plan = plan_trial(roomy.config, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                      left_s=106.0)
+    assert plan.too_slow is None and plan.no_room is not None and plan.ruled_out
+    assert staged_next(space, Config(), obs, memory, too_slow=ruled_out(106.0)) is None
+
+
 def cand(number: int, rates: list[float], baseline: bool = False) -> Candidate:
     return Candidate(number, Config(micro_batch_size=8 * (number + 1)), rates=rates,
                      peaks=[GIB] * len(rates), is_baseline=baseline)
@@ -239,12 +260,15 @@ def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
     assert reserve(_snap(base_only), 3, 3, 720.0, SETTINGS) == pytest.approx(
         CONFIRM_SHARE * 720.0)
     assert reserve(_snap(base_only), 0, 3, 720.0, SETTINGS) == 0.0  # --confirm-top 0
-    # Steps of ~1 s: once two configs ran, what the whole plan costs, well within the share.
+    # Steps of ~1 s: once two configs ran, what two rounds of the plan cost, well within the
+    # share; a third of the three rounds runs only in time the search leaves (a run kept three
+    # and its rounds stopped after two, 3.4 minutes of the budget unused).
     fast = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 8.6, 30.0)]
     cost = costs(_snap(fast), candidates(_snap(fast), 3), SETTINGS)
     assert cost[0] == pytest.approx(0.2 * 30.0 + confirm_settings(SETTINGS, 1.0).max_seconds)
     assert reserve(_snap(fast), 3, 3, 720.0, SETTINGS) == pytest.approx(
-        3 * (cost[0] + 2 + cost[1] + 2) + END_OF_SEARCH_S)
+        SPREAD_ROUNDS * (cost[0] + 2 + cost[1] + 2) + END_OF_SEARCH_S)
+    assert SPREAD_ROUNDS == 2
     # A lead many times the noise (75% over a 2% noise): one round of the two is kept.
     decisive = [_ok_trial(0, 8, 8.0, 30.0, baseline=True), _ok_trial(1, 16, 14.0, 30.0)]
     one = costs(_snap(decisive), candidates(_snap(decisive), 3), SETTINGS)
@@ -265,9 +289,8 @@ def test_the_confirmation_reserve_is_kept_from_the_start() -> None:
     assert need > CONFIRM_SHARE * 720.0
     kept = reserve(_snap(slow), 3, 3, 720.0, SETTINGS)
     assert kept == (pytest.approx(need) if need <= CONFIRM_MAX_SHARE * 720.0 else 0.0)
-    # With a longer budget the whole plan (three rounds of the two) fits the share.
-    assert reserve(_snap(slow), 3, 3, 1800.0, SETTINGS) == pytest.approx(
-        1.5 * (need - END_OF_SEARCH_S) + END_OF_SEARCH_S)
+    # With a longer budget two rounds of the two fit the share: that is what is kept.
+    assert reserve(_snap(slow), 3, 3, 1800.0, SETTINGS) == pytest.approx(need)
 
 
 def test_where_slow_candidates_do_not_fit_the_reserve_keeps_the_pairs_fewest_rounds() -> None:

@@ -226,6 +226,11 @@ class TrialBudget:
     too_slow: str | None = None  # the config cannot be measured within --trial-timeout
     no_room: str | None = None  # it could be, but not in what is left of --timeout
 
+    @property
+    def ruled_out(self) -> bool:
+        """Whether the config does not run: too slow for any budget, or no room left."""
+        return self.too_slow is not None or self.no_room is not None
+
     def to_dict(self) -> BudgetForm:
         return {"max_seconds": round(self.settings.max_seconds, 2),
                 "prediction": self.prediction.to_dict() if self.prediction else None}

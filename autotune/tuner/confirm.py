@@ -101,6 +101,11 @@ def pair_rounds(snap: StudySnapshot) -> int:
     return 1 if base > 0 and decisive(best / base - 1.0, noise_of(snap.observations)) else 2
 
 
+# The rounds the reserve keeps: two give a spread, and most confirmations settle there (a run
+# that kept three had its rounds stop after two and left 3.4 minutes of its budget unused). A
+# third round runs when the search left the time for it (``another_round``).
+SPREAD_ROUNDS = 2
+
 # Kept beyond the plan's cost: a trial the search's deadline cuts is stopped and recorded
 # before the confirmation starts (a run that kept the exact cost of one round found a second
 # less than that left, and could not confirm).
@@ -111,11 +116,12 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
             settings: MeasureSettings) -> float:
     """Seconds of the --timeout kept for the confirmation. Nothing before the first trial (the
     baseline runs whatever the budget: without it there is nothing to confirm against); then
-    CONFIRM_SHARE of it; once two configs measured ok, what the largest plan within that share
-    needs, or, where the plan is the best and the baseline with a decisive lead or had to drop
-    candidates to fit, its fewest rounds (the search gets the rest); when even the smallest plan
-    (the best and the baseline, twice, or once where decisive) needs more, that much up to
-    CONFIRM_MAX_SHARE; nothing beyond it (the run then says it could not confirm)."""
+    CONFIRM_SHARE of it; once two configs measured ok, what ``SPREAD_ROUNDS`` of the largest
+    plan within that share need, or, where the plan is the best and the baseline with a
+    decisive lead or had to drop candidates to fit, its fewest rounds (the search gets the
+    rest); when even the smallest plan (the best and the baseline, twice, or once where
+    decisive) needs more, that much up to CONFIRM_MAX_SHARE; nothing beyond it (the run then
+    says it could not confirm)."""
     if top <= 0 or not timeout_s or not snap.measured:
         return 0.0
     share = CONFIRM_SHARE * timeout_s
@@ -127,9 +133,9 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
     plan = plan_confirmation(cands, cost, rounds, share, least)
     if not isinstance(plan, str):
         chosen, fit = plan
-        if len(chosen) < len(cands) or (least == 1 and len(chosen) == 2):
-            fit = min(fit, least if len(chosen) <= 2 else 2)
-        return min(share, confirmation_seconds(chosen, cost, fit) + END_OF_SEARCH_S)
+        few = least if len(chosen) <= 2 and (len(chosen) < len(cands) or least == 1) \
+            else SPREAD_ROUNDS
+        return min(share, confirmation_seconds(chosen, cost, min(fit, few)) + END_OF_SEARCH_S)
     smallest = [cands[0]] + [c for c in cands[1:] if c.is_baseline][:1]
     need = confirmation_seconds(smallest, cost, least) + END_OF_SEARCH_S
     return need if need <= CONFIRM_MAX_SHARE * timeout_s else 0.0

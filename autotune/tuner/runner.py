@@ -239,7 +239,7 @@ class Runner(TrialSteps):
         if twins_in_a_row >= MAX_TWINS_IN_A_ROW:
             return (f"the sampler proposed {twins_in_a_row} measured or ruled-out configs in a "
                     "row: the space looks exhausted")
-        staging = self._stage(snap)
+        staging = self._stage(snap, None if remaining is None else remaining - reserve)
         noise = noise_of(snap.observations)
         if not staging and self.opts.patience is not None \
                 and since_improvement(snap.observations, noise) >= self.opts.patience:
@@ -258,15 +258,18 @@ class Runner(TrialSteps):
     def _enqueue_baseline(self) -> None:
         claims.enqueue_baseline(self.study, self.space.params_for(self.baseline))
 
-    def _stage(self, snap: StudySnapshot) -> bool:
+    def _stage(self, snap: StudySnapshot, left: float | None) -> bool:
         """Queue the staged search's next config unless a trial is already waiting; returns
-        whether the staged start is still going (queued or waiting)."""
+        whether the staged start is still going (queued or waiting). A config the search's
+        ``left`` seconds cannot measure is passed over like one too slow for any budget: a
+        cheaper step of the search runs in the time instead (a run that stopped at the first
+        config without room left two minutes of its search unused)."""
         if snap.pending.waiting:
             return snap.pending.waiting_staged
         model = self._memory_model(snap)
 
         def too_slow(c: Config) -> bool:
-            return self._trial_budget(c, None, snap).too_slow is not None
+            return self._trial_budget(c, left, snap).ruled_out
 
         running = snap.pending.running
         proposal = staged_next(self.space, self.baseline, snap.observations, model,
