@@ -10,11 +10,13 @@ from autotune.config.knobs import Config
 from autotune.config.space import NarrowedSpace, narrow, parse_space
 from autotune.testing.hardware import fake_gpus
 from autotune.tuner.confirmation import (
+    WITHIN_MARGIN,
     Candidate,
     confirmation_seconds,
     decide,
     decided_in_one_round,
     plan_confirmation,
+    settled,
 )
 from autotune.tuner.pruning import prune_reason
 from autotune.tuner.search import (
@@ -192,6 +194,21 @@ def test_confirmation_within_noise_prefers_memory_headroom() -> None:
     b = cand(2, [100.0, 99.0, 101.0], 20 * GiB)
     d = decide([a, b], 80 * GiB)
     assert d.margin > 0.05 and d.decided_by == "headroom" and d.winner is b
+
+
+def test_within_the_margin_peaks_alike_leave_the_higher_median() -> None:
+    """A run's confirmation: 8x1 bf16 fused [4.69, 4.25] at 3.19 GiB, 8x1 bf16 [4.66, 4.10] at
+    3.12 GiB of an 18.3 GiB limit. 70 MB is no headroom worth 2% of speed: the faster wins,
+    said as within the margin, and one round of it never settles anything."""
+    fused = cand(5, [4.69, 4.25], 3.19 * GiB)
+    plain = cand(1, [4.66, 4.10], 3.12 * GiB)
+    base = cand(0, [1.68, 1.64], 3.25 * GiB, is_baseline=True)
+    d = decide([fused, plain, base], int(18.3 * GiB))
+    assert d.winner is fused and d.runner_up is plain and d.decided_by == WITHIN_MARGIN
+    assert settled([fused, plain, base], int(18.3 * GiB)) is None
+    # Roomier by more than the headroom (5% of the limit): the roomier one, as before.
+    roomy = cand(1, [4.66, 4.10], 2.0 * GiB)
+    assert decide([fused, roomy, base], int(18.3 * GiB)).winner is roomy
 
 
 def test_confirmation_excludes_configs_without_headroom_or_with_failures() -> None:
