@@ -158,9 +158,8 @@ def decide(candidates: Sequence[Candidate], limit: int, headroom: float = HEADRO
     spread of the two (at least ``NOISE_FLOOR``); within the margin the one with more memory
     headroom wins (a tie in speed is not a reason to run closer to the wall), where its peak is
     lower by more than the headroom (``headroom`` of the limit); with peaks alike, the higher
-    median (``WITHIN_MARGIN``). A winner that does
-    not lead the baseline by more than their margin is no win: the baseline is kept
-    (``NO_WIN``).
+    median (``WITHIN_MARGIN``). A winner that does not lead the baseline by more than their
+    margin is no win: the baseline is kept (``NO_WIN``).
     """
     decision = _rank(candidates, limit, headroom)
     base = next((c for c in candidates if c.is_baseline and c.number not in decision.excluded),

@@ -226,10 +226,10 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     For each precision (the one with the most measured headroom first, with the probe's
     ``peaks``; else the baseline's): the micro-batch doubled until a config does not fit (OOM,
     predicted OOM, too slow to measure or ruled out by ``too_slow``: predicted too slow, or no
-    room left in the run's time, or an error), two
-    doublings did not beat the line's best by more than the noise, the line's MFU is near its
-    peak, its largest batch was pruned (``lines.line_done``), or the next doubling cannot gain
-    more than the noise even at the step-time model's ``fastest`` (``lines.no_gain``); then
+    room left in the run's time, or an error), two doublings did not beat the line's best by
+    more than the noise, the line's MFU is near its peak, its largest batch was pruned
+    (``lines.line_done``), or the next doubling cannot gain more than the noise even at the
+    step-time model's ``fastest`` (``lines.no_gain``); then
     bisection between the largest that fit and the smallest that did not. The first line starts
     at the baseline's batch; later ones at the largest batch an earlier line fit, which saves
     the doublings up to it; a line whose fastest batch is its smallest then steps down until a
