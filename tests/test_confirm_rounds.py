@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from autotune.config.knobs import Config
+from autotune.profile.load import load_profile
 from autotune.trial.measurement import Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.confirm import another_round, candidates, confirm, costs
+from autotune.tuner.confirm import another_round, candidates, confirm, costs, export
 from autotune.tuner.confirmation import confirmation_seconds
 from autotune.tuner.snapshot import read
 from tests.test_budget import GIB, SETTINGS, _ok_trial, _study
@@ -95,3 +98,99 @@ def test_a_decisive_round_ends_the_confirmation_whatever_the_time_left(tmp_path:
     why, conf, calls = _confirm({32: [1.2], 8: [0.5]}, 10.0, tmp_path, 10 * _one_round_s())
     assert why is None and conf["rounds"] == 1 and calls == [32, 8]
     assert conf["stopped_early"].startswith("one round")
+
+
+def _tie(tmp_path: Path, rates: dict[int, list[float]], left: float | None
+         ) -> tuple[str | None, Any, list[int], Any]:
+    # Five configs within the margin of the best by their search trials (the noise floor: 4%),
+    # --confirm-top 3: the best three by the search, two more for the first round only.
+    study = _study([_ok_trial(0, 8, 0.5, 60.0, baseline=True), _ok_trial(1, 16, 1.20, 60.0),
+                    _ok_trial(2, 32, 1.19, 60.0), _ok_trial(3, 64, 1.18, 60.0),
+                    _ok_trial(4, 128, 1.17, 60.0), _ok_trial(5, 4, 1.16, 60.0)], None)
+    measure = _rounds(rates, 10.0)
+    deadline = None if left is None else time.monotonic() + left
+    why = confirm(study, measure, SETTINGS, limit=18 * GIB, top=3, rounds=2, headroom=0.1,
+                  trial_timeout_s=600.0, deadline=deadline, out_dir=tmp_path,
+                  on_round=lambda *a: None)
+    return why, study.user_attrs.get("confirmation"), measure.calls, study
+
+
+def _round_s(micros: list[int]) -> float:
+    study = _study([_ok_trial(0, 8, 0.5, 60.0, baseline=True)]
+                   + [_ok_trial(i + 1, m, 1.2, 60.0) for i, m in enumerate(micros)], None)
+    snap = read(study, 18 * GIB)
+    cands = candidates(snap, len(micros))
+    return confirmation_seconds(cands, costs(snap, cands, SETTINGS), 1)
+
+
+def test_the_first_round_screens_a_tie_wider_than_the_top(tmp_path: Path) -> None:
+    # Side by side, the config the search ranked 4th is the fastest: it goes on with the two
+    # next fastest of the round; the two slowest of it ran once and cannot win.
+    rates = {16: [1.0, 1.0], 32: [1.05, 1.05], 64: [1.02], 128: [1.3, 1.31], 4: [1.1, 1.1],
+             8: [0.5, 0.5]}
+    why, conf, calls, study = _tie(tmp_path, rates, None)
+    assert why is None and conf is not None
+    assert calls == [16, 32, 64, 128, 4, 8] + [32, 128, 4, 8]
+    assert conf["rounds"] == 2 and conf["decision"]["winner_trial"] == 4
+    out = {c["trial"]: c for c in conf["candidates"]}
+    assert [t for t, c in out.items() if "screened_out" in c] == [1, 3]
+    assert out[1]["screened_out"].startswith("screened out after round 1: 1.00 samples/s")
+    assert set(conf["decision"]["excluded"]) == {"1", "3"}
+    # The profile holds the screen as the study does, and loads with it.
+    export(study, read(study, 18 * GIB), "sqlite://", None, tmp_path / "p.yaml")
+    loaded = load_profile(tmp_path / "p.yaml", check_fingerprint=False)
+    assert loaded.config.micro_batch_size == 128 and loaded.confirmation is not None
+    assert loaded.confirmation["candidates"][0]["screened_out"].startswith("screened out")
+
+
+def test_a_screen_the_time_left_cannot_hold_is_left_out(tmp_path: Path) -> None:
+    # The time left holds two rounds of the top three and the baseline, not the wider first
+    # round: the two beyond the top are left out first.
+    left = 2.1 * _round_s([16, 32, 64])
+    assert left < _round_s([16, 32, 64, 128, 4]) + _round_s([16, 32, 64])
+    rates = {16: [1.2, 1.2], 32: [1.0, 1.0], 64: [1.0, 1.0], 8: [0.5, 0.5]}
+    why, conf, calls, _ = _tie(tmp_path, rates, left)
+    assert why is None and calls == [16, 32, 64, 8] * 2
+    assert not any("screened_out" in c for c in conf["candidates"])
+
+
+def test_the_rounds_that_fit_count_the_wider_first_round_once() -> None:
+    from autotune.tuner.confirmation import Candidate, rounds_that_fit
+
+    cands = [Candidate(i, Config(micro_batch_size=2 ** i)) for i in range(5)]
+    cands.append(Candidate(9, Config(), is_baseline=True))
+    cost = {c.number: 8.0 for c in cands}  # 10 s each with the process
+    assert rounds_that_fit(cands, cost, 3, 59.0, keep=3) == 0
+    assert rounds_that_fit(cands, cost, 3, 100.0, keep=3) == 2  # 60 + 40
+    assert rounds_that_fit(cands, cost, 3, 140.0, keep=3) == 3
+    assert rounds_that_fit(cands, cost, 3, 140.0) == 2  # without a screen: 60 a round
+
+
+def test_the_next_round_is_costed_by_the_configs_that_go_on() -> None:
+    from autotune.tuner.confirm import next_round_s
+    from autotune.tuner.confirmation import Candidate
+
+    a, b, c = (Candidate(i, Config(micro_batch_size=2 ** i)) for i in range(3))
+    results = [(x, Measurement(status="ok", samples_per_sec=1.0, wall_s=18.0))
+               for x in (a, b, c)]
+    assert next_round_s(results, [a, b, c], 50.0) == 60.0  # the runs' walls: 3 x 20 s
+    assert next_round_s(results, [a, c], 90.0) == 60.0  # the elapsed 90 s, pro rata
+
+
+def test_the_reserve_keeps_the_wider_first_round_where_more_configs_tie() -> None:
+    from autotune.tuner.confirm import END_OF_SEARCH_S, reserve
+    from tests.test_budget import _snap
+
+    base = _ok_trial(0, 8, 0.5, 60.0, baseline=True)
+    top = [_ok_trial(1, 16, 1.20, 60.0), _ok_trial(2, 32, 1.19, 60.0),
+           _ok_trial(3, 64, 1.18, 60.0)]
+    three = reserve(_snap([base, *top]), 3, 3, 7200.0, SETTINGS)
+    assert three == pytest.approx(2 * _round_s([16, 32, 64]) + END_OF_SEARCH_S, rel=0.02)
+    # Two more within the margin: the first round holds them too, the second does not.
+    tie = [base, *top, _ok_trial(4, 128, 1.17, 60.0), _ok_trial(5, 4, 1.16, 60.0)]
+    wide = reserve(_snap(tie), 3, 3, 7200.0, SETTINGS)
+    assert wide == pytest.approx(_round_s([16, 32, 64, 128, 4]) + _round_s([16, 32, 64])
+                                 + END_OF_SEARCH_S, rel=0.02)
+    # One further behind than the margin is no tie: it adds nothing.
+    behind = [base, *top, _ok_trial(4, 128, 1.0, 60.0)]
+    assert reserve(_snap(behind), 3, 3, 7200.0, SETTINGS) == pytest.approx(three)

@@ -94,6 +94,7 @@ class CandidateDoc(TypedDict, total=False):
     baseline: bool
     failures: list[str]
     measure: dict[str, MeasureValue]
+    screened_out: str  # why it ran in the first round only
 
 
 class DecisionDoc(TypedDict, total=False):

@@ -7,15 +7,18 @@ C A B C ...), with windows twice as long, so drift hits every config alike.
 
 It is kept cheap enough to always run, and no more than the decision needs: a config joins the
 best only when its search trial is within the margin of it (a runner-up further behind does not
-win), and where the best leads the baseline by many times the noise (``DECISIVE``) and no
-runner-up joins, one interleaved round of the two is enough; the time saved goes to the search.
-What it needs is reserved from --timeout as the search goes (the search gets the rest), each
-round's measuring budget is sized to the config's step time (warm-up and the minimum windows;
-the rounds give the spread), the plan shrinks to fewer rounds and then to the best config and
-the baseline when the budget is short, and rounds stop as soon as the decision is clear or the
-win is out of reach; where the planned rounds left it undecided, another runs while the time
-left holds one at what a round measured. A winner that does not beat the baseline by more
-than the measured noise is no win: the baseline's settings are exported, with speedup 1.0.
+win); where more of them are within it than --confirm-top takes, up to ``CONFIRM_SCREEN`` more
+join the first round when the time left holds them, and the fastest of that round go on
+(``screen``: the search's trials were minutes apart, in a machine that drifts); and where the
+best leads the baseline by many times the noise (``DECISIVE``) and no runner-up joins, one
+interleaved round of the two is enough; the time saved goes to the search. What it needs is
+reserved from --timeout as the search goes (the search gets the rest), each round's measuring
+budget is sized to the config's step time (warm-up and the minimum windows; the rounds give the
+spread), the plan shrinks to fewer rounds and then to the best config and the baseline when the
+budget is short, and rounds stop as soon as the decision is clear or the win is out of reach;
+where the planned rounds left it undecided, another runs while the time left holds one at what a
+round measured. A winner that does not beat the baseline by more than the measured noise is no
+win: the baseline's settings are exported, with speedup 1.0.
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ from autotune.tuner.confirmation import (
     decided_in_one_round,
     decisive,
     plan_confirmation,
+    plan_seconds,
+    screen,
     settled,
 )
-from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
+from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SCREEN, CONFIRM_SHARE
 from autotune.tuner.results import build_profile
 from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
@@ -77,11 +82,16 @@ def costs(snap: StudySnapshot, cands: list[Candidate],
     return out
 
 
-def candidates(snap: StudySnapshot, top: int) -> list[Candidate]:
+# Configs within the margin beyond --confirm-top join the first round where the time left holds
+# them (``CONFIRM_SCREEN``): a run's search read two compiled configs in a slow stretch, 9%
+# behind the best, and ranked them 4th and 5th; side by side they were 9% ahead of it.
+
+
+def candidates(snap: StudySnapshot, top: int, extra: int = 0) -> list[Candidate]:
     """The best config by its trial (distinct, ok, within the limit), the next of the ``top``
-    whose trials are within the margin of it (twice the search's noise: a config further
-    behind does not win a confirmation), and the baseline."""
-    ranked = snap.ok_within_limit()[:top]
+    (and ``extra`` more) whose trials are within the margin of it (twice the search's noise:
+    a config further behind does not win a confirmation), and the baseline."""
+    ranked = snap.ok_within_limit()[:top + extra]
     margin = 2 * noise_of(snap.observations)
     chosen = ranked[:1] + [r for r in ranked[1:] if (r.samples_per_sec or 0.0) * (1 + margin)
                            >= (ranked[0].samples_per_sec or 0.0)]
@@ -117,25 +127,25 @@ def reserve(snap: StudySnapshot, top: int, rounds: int, timeout_s: float | None,
     """Seconds of the --timeout kept for the confirmation. Nothing before the first trial (the
     baseline runs whatever the budget: without it there is nothing to confirm against); then
     CONFIRM_SHARE of it; once two configs measured ok, what ``SPREAD_ROUNDS`` of the largest
-    plan within that share need, or, where the plan is the best and the baseline with a
-    decisive lead or had to drop candidates to fit, its fewest rounds (the search gets the
-    rest); when even the smallest plan (the best and the baseline, twice, or once where
-    decisive) needs more, that much up to CONFIRM_MAX_SHARE; nothing beyond it (the run then
-    says it could not confirm)."""
+    plan within that share need (its wider first round too, where more configs tie), or, where
+    the plan is the best and the baseline with a decisive lead or had to drop candidates to fit,
+    its fewest rounds (the search gets the rest); when even the smallest plan (the best and the
+    baseline, twice, or once where decisive) needs more, that much up to CONFIRM_MAX_SHARE;
+    nothing beyond it (the run then says it could not confirm)."""
     if top <= 0 or not timeout_s or not snap.measured:
         return 0.0
     share = CONFIRM_SHARE * timeout_s
-    cands = candidates(snap, top)
+    cands = candidates(snap, top, CONFIRM_SCREEN)
     if len(cands) < 2:
         return share
     cost = costs(snap, cands, settings)
     least = pair_rounds(snap)
-    plan = plan_confirmation(cands, cost, rounds, share, least)
+    plan = plan_confirmation(cands, cost, rounds, share, least, keep=top)
     if not isinstance(plan, str):
         chosen, fit = plan
         few = least if len(chosen) <= 2 and (len(chosen) < len(cands) or least == 1) \
             else SPREAD_ROUNDS
-        return min(share, confirmation_seconds(chosen, cost, min(fit, few)) + END_OF_SEARCH_S)
+        return min(share, plan_seconds(chosen, cost, min(fit, few), top) + END_OF_SEARCH_S)
     smallest = [cands[0]] + [c for c in cands[1:] if c.is_baseline][:1]
     need = confirmation_seconds(smallest, cost, least) + END_OF_SEARCH_S
     return need if need <= CONFIRM_MAX_SHARE * timeout_s else 0.0
@@ -151,10 +161,10 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     snap = snapshot.read(study, limit)
     if top <= 0 or snap.confirmation is not None:
         return None
-    cands = candidates(snap, top)
+    cands = candidates(snap, top, CONFIRM_SCREEN)
     plan = plan_confirmation(cands, costs(snap, cands, settings), rounds,
                              None if deadline is None else deadline - time.monotonic(),
-                             pair_rounds(snap))
+                             pair_rounds(snap), keep=top)
     if isinstance(plan, str):
         return plan
     cands, planned = plan
@@ -162,10 +172,10 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     each = {c.number: round_settings(snap, c, settings) for c in cands}
     for c in cands:
         c.measure = each[c.number].to_dict()
-    done, stopped, one, round_s = 0, None, None, 0.0
+    done, stopped, one, round_s, active = 0, None, None, 0.0, cands
     while True:
         started = time.monotonic()
-        results = _round(done, max(planned, done + 1), cands,
+        results = _round(done, max(planned, done + 1), active,
                          lambda c, w, t: measure(c.config, w, t, each[c.number]),
                          trial_timeout_s, deadline, out_dir, on_round, settings.max_compile_s)
         # A round counts only when every config ran in it: a round cut by the --timeout would
@@ -174,7 +184,9 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
             break
         _record(done, results)
         done += 1
-        round_s = max(time.monotonic() - started, sum(m.wall_s + 2.0 for _, m in results))
+        if done == 1:
+            active = screen(cands, top)
+        round_s = next_round_s(results, active, time.monotonic() - started)
         left = None if deadline is None else deadline - time.monotonic()
         more = another_round(done, planned, rounds, round_s, left)
         one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
@@ -195,6 +207,15 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
         "created": datetime.now(UTC).isoformat(timespec="seconds")})
     return None
+
+
+def next_round_s(results: list[tuple[Candidate, Measurement]], active: list[Candidate],
+                 elapsed: float) -> float:
+    """What the next round of ``active`` takes, at what the last round's runs took: their wall
+    times (2 s each for the process) or the round's elapsed time pro rata, the larger."""
+    walls = {c.number: m.wall_s + 2.0 for c, m in results}
+    going = sum(walls.get(c.number, 0.0) for c in active)
+    return max(elapsed * going / max(sum(walls.values()), 1e-9), going)
 
 
 def another_round(done: int, planned: int, rounds: int, round_s: float,

@@ -33,6 +33,7 @@ class Candidate:
     is_baseline: bool = False
     failures: list[str] = field(default_factory=list)
     measure: dict[str, MeasureValue] = field(default_factory=dict)  # how its rounds measured
+    screened_out: str | None = None  # why it ran in the first round only (``screen``)
 
     @property
     def median(self) -> float | None:
@@ -50,12 +51,15 @@ class Candidate:
         return statistics.fmean(self.window_cvs) if self.window_cvs else 0.0
 
     def to_dict(self) -> CandidateDoc:
-        return {"trial": self.number, "config": self.config.to_dict(),
-                "samples_per_sec": [round(r, 4) for r in self.rates],
-                "median": None if self.median is None else round(self.median, 4),
-                "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
-                "baseline": self.is_baseline, "failures": self.failures,
-                "measure": self.measure}
+        doc: CandidateDoc = {
+            "trial": self.number, "config": self.config.to_dict(),
+            "samples_per_sec": [round(r, 4) for r in self.rates],
+            "median": None if self.median is None else round(self.median, 4),
+            "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
+            "baseline": self.is_baseline, "failures": self.failures, "measure": self.measure}
+        if self.screened_out:
+            doc["screened_out"] = self.screened_out
+        return doc
 
 
 def confirmation_seconds(cands: Sequence[Candidate], costs: dict[int, float],
@@ -65,14 +69,43 @@ def confirmation_seconds(cands: Sequence[Candidate], costs: dict[int, float],
     return rounds * sum(costs.get(c.number, 0.0) + 2.0 for c in cands)
 
 
+def kept(cands: Sequence[Candidate], keep: int | None) -> list[Candidate]:
+    """The candidates that go on past the first round when ``keep`` of the configs do (the
+    baseline always): by their order here, until the first round has ranked them."""
+    if keep is None:
+        return list(cands)
+    others = [c for c in cands if not c.is_baseline][:keep]
+    return [c for c in cands if c.is_baseline or c in others]
+
+
+def plan_seconds(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
+                 keep: int | None = None) -> float:
+    """What ``rounds`` rounds take when only ``keep`` of the configs go on past the first."""
+    if rounds <= 0:
+        return 0.0
+    return (confirmation_seconds(cands, costs, 1)
+            + confirmation_seconds(kept(cands, keep), costs, rounds - 1))
+
+
+def rounds_that_fit(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
+                    left: float, keep: int | None = None) -> int:
+    """How many of ``rounds`` fit ``left`` seconds: the first with every candidate, the rest
+    with those ``kept`` past it."""
+    first = confirmation_seconds(cands, costs, 1)
+    rest = confirmation_seconds(kept(cands, keep), costs, 1)
+    if left < first:
+        return 0
+    return min(rounds, 1 + int((left - first) // max(rest, 1e-9)))
+
+
 def plan_confirmation(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
-                      left: float | None, pair_rounds: int = 2
+                      left: float | None, pair_rounds: int = 2, keep: int | None = None
                       ) -> tuple[list[Candidate], int] | str:
     """The candidates (best first) and rounds that fit ``left`` seconds, or why none fits:
     fewer rounds first, then fewer configs (the baseline stays); never fewer than two rounds
     (a spread), or ``pair_rounds`` once only the best config and the baseline are left (one
-    where the search's lead is decisive: ``confirm.pair_rounds``). Without a deadline,
-    all of them."""
+    where the search's lead is decisive: ``confirm.pair_rounds``). With ``keep``, only that
+    many configs go on past the first round (``screen``). Without a deadline, all of them."""
     cands = list(cands)
     if len(cands) < 2:
         return "fewer than two configs measured ok"
@@ -80,7 +113,7 @@ def plan_confirmation(cands: Sequence[Candidate], costs: dict[int, float], round
         return cands, rounds
     while True:
         least = max(1, min(pair_rounds if len(cands) <= 2 else 2, rounds))
-        fit = min(rounds, int(left // max(confirmation_seconds(cands, costs, 1), 1e-9)))
+        fit = rounds_that_fit(cands, costs, rounds, left, keep)
         if fit >= least:
             return cands, fit
         if sum(not c.is_baseline for c in cands) <= 1 or len(cands) <= 2:
@@ -104,10 +137,26 @@ def decisive(lead: float, margin: float) -> bool:
     return lead > DECISIVE * margin
 
 
+def screen(candidates: Sequence[Candidate], keep: int) -> list[Candidate]:
+    """After the first round: the ``keep`` configs it measured fastest go on with the baseline;
+    the others (``screened_out``, with their reading) cannot win. The search ranked them from
+    trials minutes apart, in a machine that drifts; the round measured them side by side."""
+    ran = sorted((c for c in candidates if not c.is_baseline and c.rates and not c.failures),
+                 key=lambda c: -c.rates[0])
+    if len(ran) <= keep:
+        return [c for c in candidates if not c.screened_out]
+    slowest = ran[keep - 1].rates[0]
+    for c in ran[keep:]:
+        c.screened_out = (f"screened out after round 1: {c.rates[0]:,.2f} samples/s, behind "
+                          f"the {keep} kept (the slowest of them {slowest:,.2f})")
+    return [c for c in candidates if not c.screened_out]
+
+
 def decided_in_one_round(candidates: Sequence[Candidate], limit: int,
                          headroom: float = HEADROOM) -> str | None:
     """Why one round of these candidates settles the decision, or None: the winner, the only
     config besides the baseline, leads it by more than ``DECISIVE`` times their margin."""
+    candidates = [c for c in candidates if not c.screened_out]
     if len(candidates) != 2 or any(len(c.rates) != 1 for c in candidates):
         return None
     d = decide(candidates, limit, headroom)
@@ -177,6 +226,7 @@ def settled(candidates: Sequence[Candidate], limit: int, headroom: float = HEADR
     """Why more rounds would not change the decision, or None: the winner leads the runner-up
     and the baseline by more than their margins, or even the winner's best round against the
     baseline's worst does not clear the margin (the win is not reachable). Needs two rounds."""
+    candidates = [c for c in candidates if not c.screened_out]
     if any(len(c.rates) < 2 for c in candidates if not c.failures):
         return None
     d = decide(candidates, limit, headroom)
@@ -210,7 +260,9 @@ def _rank(candidates: Sequence[Candidate], limit: int, headroom: float) -> Decis
     excluded: dict[int, str] = {}
     eligible = []
     for c in candidates:
-        if c.failures or not c.rates:
+        if c.screened_out:
+            excluded[c.number] = c.screened_out
+        elif c.failures or not c.rates:
             excluded[c.number] = "; ".join(c.failures) or "not measured"
         elif c.peak > budget:
             excluded[c.number] = (f"peak {c.peak / 2**30:.2f} GiB is within {100 * headroom:.0f}% "

@@ -32,11 +32,11 @@ DEFAULT_TIMEOUT_S = 12 * 60  # with no budget flag: ends within ~15 minutes on a
 DEFAULT_TRIAL_TIMEOUT_S = 180.0
 CONFIRM_TOP = 3  # configs re-measured at the end (0: no confirmation)
 CONFIRM_ROUNDS = 3  # interleaved rounds of that re-measurement
+CONFIRM_SCREEN = 2  # more configs within the margin, in its first round where time allows
 CONFIRM_SHARE = 0.4  # this share of a --timeout is kept for the confirmation from the start
 CONFIRM_MAX_SHARE = 0.6  # ... and up to this share when its smallest plan needs more
 STUDIES = Path("studies")
-# A workload parameter's value, as ``--param name=value`` reads it.
-WorkloadParam = int | float | bool | str | None
+WorkloadParam = int | float | bool | str | None  # a value of --param name=value, as read
 
 
 def default_storage(studies_dir: Path = STUDIES) -> str:
@@ -350,8 +350,9 @@ def budget_text(o: RunOptions) -> str:
         parts.append(f"{format_duration(o.timeout_s)} of wall time")
     more = ""
     if o.confirm_top > 0:
-        more = (f"; then the best (with up to {o.confirm_top - 1} more within the margin of it) "
-                f"and the baseline are re-measured, up to {o.confirm_rounds} interleaved rounds"
+        more = (f"; then the best (with up to {o.confirm_top - 1} more within the margin of it, "
+                f"{CONFIRM_SCREEN} more in the first round where time allows) and the baseline "
+                f"are re-measured, up to {o.confirm_rounds} interleaved rounds"
                 + (f" (what it needs, at most {format_duration(CONFIRM_SHARE * o.timeout_s)} of "
                    "the time budget, kept for it as the trials go)" if o.timeout_s is not None
                    else ""))
