@@ -148,7 +148,7 @@ def screen(candidates: Sequence[Candidate], keep: int) -> list[Candidate]:
     slowest = ran[keep - 1].rates[0]
     for c in ran[keep:]:
         c.screened_out = (f"screened out after round 1: {c.rates[0]:,.2f} samples/s, behind "
-                          f"the {keep} kept (the slowest of them {slowest:,.2f})")
+                          f"the {keep} fastest of it (down to {slowest:,.2f})")
     return [c for c in candidates if not c.screened_out]
 
 
