@@ -8,17 +8,18 @@ C A B C ...), with windows twice as long, so drift hits every config alike.
 It is kept cheap enough to always run, and no more than the decision needs: a config joins the
 best only when its search trial is within the margin of it (a runner-up further behind does not
 win); where more of them are within it than --confirm-top takes, up to ``CONFIRM_SCREEN`` more
-join the first round when the time left holds them, and the fastest of that round go on
-(``screen``: the search's trials were minutes apart, in a machine that drifts); and where the
-best leads the baseline by many times the noise (``DECISIVE``) and no runner-up joins, one
-interleaved round of the two is enough; the time saved goes to the search. What it needs is
-reserved from --timeout as the search goes (the search gets the rest), each round's measuring
-budget is sized to the config's step time (warm-up and the minimum windows; the rounds give the
-spread), the plan shrinks to fewer rounds and then to the best config and the baseline when the
-budget is short, and rounds stop as soon as the decision is clear or the win is out of reach;
-where the planned rounds left it undecided, another runs while the time left holds one at what a
-round measured. A winner that does not beat the baseline by more than the measured noise is no
-win: the baseline's settings are exported, with speedup 1.0.
+join the first round where the budget holds them, and the fastest of that round go on
+(``screen``: a run's search read two compiled configs in a slow stretch and ranked them 4th and
+5th, 9% behind the best; side by side they were 9% ahead of it); and where the best leads the
+baseline by many times the noise (``DECISIVE``) and no runner-up joins, one interleaved round of
+the two is enough; the time saved goes to the search. What it needs is reserved from --timeout
+as the search goes (the search gets the rest), each round's measuring budget is sized to the
+config's step time (warm-up and the minimum windows; the rounds give the spread), the plan
+shrinks to fewer rounds and then to the best config and the baseline when the budget is short,
+and rounds stop as soon as the decision is clear or the win is out of reach; where the planned
+rounds left it undecided, another runs while the time left holds one at what a round measured. A
+winner that does not beat the baseline by more than the measured noise is no win: the baseline's
+settings are exported, with speedup 1.0.
 """
 
 from __future__ import annotations
@@ -80,11 +81,6 @@ def costs(snap: StudySnapshot, cands: list[Candidate],
         compiling = r.compile_step_s or 0.0
         out[c.number] = startup + compiling + round_settings(snap, c, settings).max_seconds
     return out
-
-
-# Configs within the margin beyond --confirm-top join the first round where the time left holds
-# them (``CONFIRM_SCREEN``): a run's search read two compiled configs in a slow stretch, 9%
-# behind the best, and ranked them 4th and 5th; side by side they were 9% ahead of it.
 
 
 def candidates(snap: StudySnapshot, top: int, extra: int = 0) -> list[Candidate]:

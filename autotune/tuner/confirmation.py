@@ -74,8 +74,8 @@ def kept(cands: Sequence[Candidate], keep: int | None) -> list[Candidate]:
     baseline always): by their order here, until the first round has ranked them."""
     if keep is None:
         return list(cands)
-    others = [c for c in cands if not c.is_baseline][:keep]
-    return [c for c in cands if c.is_baseline or c in others]
+    going = {c.number for c in [o for o in cands if not o.is_baseline][:keep]}
+    return [c for c in cands if c.is_baseline or c.number in going]
 
 
 def plan_seconds(cands: Sequence[Candidate], costs: dict[int, float], rounds: int,
