@@ -444,6 +444,48 @@ def test_compiling_is_counted_apart_from_start_up() -> None:
     assert compile_seconds([], 120.0) == 120.0  # before any compile: the limit
 
 
+
+def test_a_confirmation_round_of_a_compiled_config_is_charged_what_the_cache_leaves() -> None:
+    """Each round compiles again in a fresh process, from the study's cache where the trial
+    stored its graphs there: what the backend took is skipped, all but a share for loading.
+    (A default run charged a compiled candidate its trial's cold 73 s per round; from the
+    cache a round compiled in 19 s.)"""
+    from autotune.tuner.record.read import CACHE_LOAD_SHARE
+
+    def compiled(number: int, compile_info: Any, baseline: bool = False) -> FrozenTrial:
+        config = Config(micro_batch_size=16 if not baseline else 8,
+                        compile="off" if baseline else "default")
+        return _trial(number, {
+            "config": config.to_dict(), "status": "ok", "baseline": baseline,
+            "measurement": {"wall_s": 150.0, "samples_per_sec": 2.0 if baseline else 4.0,
+                            "spread_cv": 0.01, "windows": [{"samples": 8, "seconds": 4.0}],
+                            "compile": compile_info, "timings": {
+                                "warmup_s": 20.0, "measure_s": 30.0,
+                                **({} if baseline else {"compile_step_s": 74.0})}}})
+
+    base = compiled(0, {}, baseline=True)
+    charged = {}
+    for name, info in {"stored": {"backend_s": 58.0, "cached": True},
+                       "bypassed": {"backend_s": 58.0, "cached": False},
+                       "unknown": {},  # an older trial, or a torch without the timers
+                       "malformed": {"backend_s": "58", "cached": True},
+                       "not finite": {"backend_s": float("nan"), "cached": True},
+                       "a bool": {"backend_s": True, "cached": True},
+                       "past the step": {"backend_s": 500.0, "cached": True}}.items():
+        snap = _snap([base, compiled(1, info)])
+        assert snap.trial(1).compile_step_s == 74.0
+        charged[name] = snap.trial(1).recompile_s
+    assert charged["stored"] == pytest.approx(74.0 - (1 - CACHE_LOAD_SHARE) * 58.0)
+    for name in ("bypassed", "unknown", "malformed", "not finite", "a bool"):
+        assert charged[name] == 74.0, name  # compiled cold again: the whole step
+    assert charged["past the step"] == pytest.approx(CACHE_LOAD_SHARE * 74.0)
+    # What a round costs: the recompile instead of the cold compile.
+    stored, cold = (_snap([base, compiled(1, info)]) for info in (
+        {"backend_s": 58.0, "cached": True}, {}))
+    gap = costs(cold, candidates(cold, 3), SETTINGS)[1] - costs(
+        stored, candidates(stored, 3), SETTINGS)[1]
+    assert gap == pytest.approx((1 - CACHE_LOAD_SHARE) * 58.0)
+
 def test_a_noisy_fits_lower_end_is_no_shorter_than_a_measured_smaller_batchs_step() -> None:
     # A default run on a drifting machine: bf16 8x1 in 6.0 s, 16x1 in 15.4 s, 32x1 in 21.3 s.
     # The fit's leave-one-out error is above 100%, so its lower end for 64x1 was below zero,

@@ -297,3 +297,21 @@ def test_two_tuners_with_the_same_trial_folders_never_reap_each_others_trials(
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_tuner_looks_at_a_trial_at_the_pace_of_its_steps() -> None:
+    from autotune.trial.launch import MAX_POLL_S, _Pace
+
+    pace = _Pace(0.25)
+    assert pace.interval == 0.25  # nothing reported yet: build and the first step
+    pace.note({"event": "built", "seconds": 30.0})  # not a step: no pace
+    assert pace.interval == 0.25
+    pace.note({"event": "warmup_step", "seconds": 2.0})
+    assert pace.interval == 0.5  # a quarter of a step
+    pace.note({"event": "window", "seconds": 12.0})
+    assert pace.interval == MAX_POLL_S  # never later than this for the timeout and the limit
+    pace.note({"event": "window", "seconds": 0.1})
+    assert pace.interval == 0.25  # short windows: the floor, pruning reacts within one
+    for bad in (float("nan"), "5", None, float("inf")):  # a script may write the progress file
+        pace.note({"event": "window", "seconds": bad})
+        assert pace.interval == 0.25

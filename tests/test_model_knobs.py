@@ -102,6 +102,10 @@ def test_a_compiled_trial_records_its_compile_time_apart_and_fills_the_cache(
     assert "compiled" in kinds and kinds.index("compiled") < kinds.index("warmup_step")
     assert any(cache.iterdir())  # the study's shared cache
     assert m.applied["compiled_graphs"] >= 1  # read from Dynamo, not from the wrapper's type
+    # Every graph went into the cache: a fresh process of the config (a confirmation round)
+    # skips the backend's seconds, part of the compiling step.
+    assert m.compile["cached"] is True
+    assert 0 < m.compile["backend_s"] <= m.timings["compile_step_s"]
 
 
 @pytest.mark.slow  # two ranks under torchrun

@@ -71,12 +71,16 @@ class Applied(TypedDict, total=False):
 
 
 class CompileInfo(TypedDict, total=False):
-    """What compiling cost: the first step, and how much longer it took than a steady one."""
+    """What compiling cost: the first step, and how much longer it took than a steady one; the
+    seconds in the compiler backend, and whether every graph is in torch's compile cache
+    (``bench.build.compile_cache_use``: what a fresh process of the config would skip)."""
 
     mode: str
     first_step_s: float
     seconds: float
     steady_step_s: float
+    backend_s: float
+    cached: bool
 
 
 class CommInfo(TypedDict, total=False):

@@ -76,9 +76,9 @@ def costs(snap: StudySnapshot, cands: list[Candidate],
         startup = r.startup_s
         if startup is None:
             startup = 0.5 * r.wall_s
-        # A compiled config compiles again in each round's fresh process (from the study's
-        # cache, usually quicker): its trial's compiling step is the estimate.
-        compiling = r.compile_step_s or 0.0
+        # A compiled config compiles again in each round's fresh process, from the study's
+        # cache where its trial stored every graph there: the backend's work is skipped.
+        compiling = r.recompile_s or 0.0
         out[c.number] = startup + compiling + round_settings(snap, c, settings).max_seconds
     return out
 

@@ -118,8 +118,9 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
     if "compile_step_s" in timings:
         # What compiling cost: the first step beyond a steady one.
         first, steady = timings["compile_step_s"], warm.step_times[-1]
-        result["compile"] = {"mode": spec.config.compile, "first_step_s": first,
-                             "seconds": max(0.0, first - steady), "steady_step_s": steady}
+        result["compile"] = {**result.get("compile", {}), "mode": spec.config.compile,
+                             "first_step_s": first, "seconds": max(0.0, first - steady),
+                             "steady_step_s": steady}
     if trainer.comm is not None:
         trainer.comm.take_wait()  # warm-up's communication is not part of any window
     t_measure = time.time()
@@ -149,7 +150,7 @@ def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: TrialRes
     """The compile step, recorded; False when it ran past the compile limit (the result then
     says so). A compile that compiled no graph is an error: the model would run eagerly under
     a compiled label."""
-    from autotune.trial.bench.build import compiled_graphs
+    from autotune.trial.bench.build import compile_cache_use, compiled_graphs
 
     compiled = _compile_step(trainer, spec, progress)
     if compiled is None:
@@ -162,6 +163,7 @@ def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: TrialRes
             result["failed_at"] = time.time()
         return False
     result["timings"]["compile_step_s"] = compiled
+    result["compile"] = compile_cache_use()  # what a fresh process of it would skip
     graphs = compiled_graphs()
     if not graphs:
         raise RuntimeError(f"torch.compile (mode {spec.config.compile}) compiled no graph in "
