@@ -14,6 +14,7 @@ from autotune.trial.spec import MeasureSettings
 from autotune.tuner import options
 from autotune.tuner.options import RunOptions, from_flags, memory_limit, problems
 from autotune.tuner.search import PATIENCE
+from autotune.units import format_duration
 
 CPU = fake_cpu(cores=2, memory_gib=24)
 
@@ -92,6 +93,15 @@ def test_defaults_the_machine_and_the_budget_decide() -> None:
     assert two.world == 8 and two.nodes is not None and two.nodes.count == 2
     assert replace(two, launcher=None, executor="slurm").nodes is None  # the executor's own
     assert RunOptions().nodes is None
+
+
+def test_the_start_line_names_the_budget_and_what_the_confirmation_takes() -> None:
+    text = options.budget_text(RunOptions().with_defaults(CPU))
+    wall = f"{format_duration(options.DEFAULT_TIMEOUT_S)} of wall time"
+    assert wall in text and "up to 2 more, " in text
+    one = options.budget_text(RunOptions(confirm_top=1).with_defaults(CPU))
+    assert "more, " not in one and f"with {options.CONFIRM_SCREEN} more in the first round" in one
+    assert "re-measured" not in options.budget_text(RunOptions(confirm_top=0).with_defaults(CPU))
 
 
 def test_the_cli_defaults_are_the_options_defaults() -> None:

@@ -348,14 +348,13 @@ def budget_text(o: RunOptions) -> str:
         parts.append(f"{o.trials} measured trials in the study")
     if o.timeout_s is not None:
         parts.append(f"{format_duration(o.timeout_s)} of wall time")
-    more = ""
-    if o.confirm_top > 0:
-        more = (f"; then the best (with up to {o.confirm_top - 1} more within the margin of it, "
-                f"{CONFIRM_SCREEN} more in the first round where time allows) and the baseline "
-                f"are re-measured, up to {o.confirm_rounds} interleaved rounds"
-                + (f" (what it needs, at most {format_duration(CONFIRM_SHARE * o.timeout_s)} of "
-                   "the time budget, kept for it as the trials go)" if o.timeout_s is not None
-                   else ""))
+    top = f"up to {o.confirm_top - 1} more, " if o.confirm_top > 1 else ""
+    more = "" if o.confirm_top < 1 else (
+        f"; then the best (with {top}{CONFIRM_SCREEN} more in the first round where time allows, "
+        "of those within the margin of it) and the baseline are re-measured, "
+        f"up to {o.confirm_rounds} interleaved rounds"
+        + (f" (what it needs, at most {format_duration(CONFIRM_SHARE * o.timeout_s)} of "
+           "the time budget, kept for it as the trials go)" if o.timeout_s is not None else ""))
     return (" or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
             + f"; each trial measures for {o.measure.max_seconds:.0f}s, longer when its "
             f"predicted steps need it, and is killed at {o.trial_timeout_s:.0f}s" + more)
