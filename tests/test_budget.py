@@ -15,6 +15,7 @@ from autotune.config.knobs import Config
 from autotune.config.space import load_space, narrow
 from autotune.testing.hardware import fake_cpu
 from autotune.trial.measurement import Measurement
+from autotune.trial.protocol import SPREAD_WINDOWS
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.budget import (
     ASSUMED_ERROR,
@@ -142,6 +143,30 @@ def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
                        trial_timeout_s=180.0, startup_s=15.0, left_s=60.0)
     assert short.too_slow is None and short.no_room is not None
     assert "of --timeout are left" in short.no_room
+
+
+def test_a_scaled_prediction_past_the_trial_timeout_runs_where_the_run_has_room_for_it() -> None:
+    # 64 samples scaled from the baseline's 8 (10.4 s): ~83 s a step, +-30% assumed. Past what
+    # the trial timeout allows, but scaled, not fitted: it runs, with all the timeout allows.
+    config, model = Config(micro_batch_size=64), StepTimeModel(ZEN3[:1])
+    p = model.predict(config)
+    assert p is not None and not p.fitted
+    can = MAX_BUDGET_SHARE * 180.0
+    least = measuring_seconds(p.low_s, SETTINGS, SPREAD_WINDOWS)
+    assert least > can
+    roomy = plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                       left_s=600.0)
+    assert roomy.too_slow is None and roomy.no_room is None and not roomy.ruled_out
+    assert roomy.settings.max_seconds == pytest.approx(can)
+    # With less of --timeout left than even the prediction's low end needs, it is not started
+    # (a run began one 112 s before its search ended, to be cut and queued again): no room,
+    # no verdict on the config.
+    late = plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                      left_s=15.0 + least - 1.0)
+    assert late.too_slow is None and late.no_room is not None and late.ruled_out
+    assert "of --timeout are left" in late.no_room
+    assert plan_trial(config, model, SETTINGS, trial_timeout_s=180.0, startup_s=15.0,
+                      left_s=15.0 + least + 1.0).no_room is None
 
 
 def test_a_script_s_budget_leaves_the_trial_timeout_room_for_its_unmeasured_steps() -> None:

@@ -259,19 +259,19 @@ def plan_trial(config: Config, model: StepTimeModel, settings: MeasureSettings, 
         return TrialBudget(settings, p)
     outside = unmeasured_steps * p.step_s * (1.0 + p.error)
     can = min(trial_timeout_s - startup_s, MAX_BUDGET_SHARE * trial_timeout_s) - outside
-    if least > can and not p.fitted:
-        # Scaled, not fitted: never a reason not to run. The trial gets all the trial timeout
-        # allows, and its own first steps judge (trial.protocol.too_slow).
-        return TrialBudget(_longer(settings, can), p)
-    if least > can:
+    if least > can and p.fitted:
         return TrialBudget(settings, p, too_slow=(
             f"predicted-too-slow: ~{_fmt(p.step_s)} per step (+-{100 * p.error:.0f}%) at "
             f"{config.samples_per_step} samples/step; warm-up and {SPREAD_WINDOWS} windows "
             f"need >= {_fmt(least)} and --trial-timeout allows {_fmt(max(can, 0.0))} "
             f"({p.short_basis})"))
-    room = can if left_s is None else min(can, left_s - startup_s)
-    if least > room:
+    if left_s is not None and least > left_s - startup_s:
+        # Not a verdict on the config, fitted or scaled: this run has no time left for it.
         return TrialBudget(settings, p, no_room=_no_room(p, least + startup_s, left_s))
+    # A scaled prediction past the trial timeout is never a reason not to run: the trial gets
+    # all the trial timeout allows (need > least > can), and its own first steps judge
+    # (trial.protocol.too_slow).
+    room = can if left_s is None else min(can, left_s - startup_s)
     return TrialBudget(_longer(settings, min(need, room)), p)
 
 
