@@ -339,3 +339,22 @@ def test_a_study_from_before_the_cpu_fields_that_differs_otherwise_is_refused() 
         "vendor, family, model, stepping, ISA flags, and what it did record differs here "
         "(cpu_cores: 4 vs 2 here); measurements are not comparable: pass another --study name "
         "to start a new study")
+
+
+def test_a_study_over_another_space_is_refused_and_keeps_its_trials() -> None:
+    """The same machine, a space narrowed otherwise (amp fp32 only, as a CPU without native bf16
+    narrows it): its trials would not fit this space's, so the resume is refused in one line
+    naming the space it searched, and nothing is written to the study."""
+    storage = optuna.storages.InMemoryStorage()
+    ident = _identity(fake_cpu())
+    fp32 = narrow(load_space("default"), fake_cpu(bf16=False), 1, ident.baseline)
+    open_study(storage, "memory", replace(ident, space=fp32), seed=0, limit=2**30,
+               limit_spec=None)
+    before = optuna.load_study(study_name="s", storage=storage).user_attrs
+    with pytest.raises(UsageError) as refused:
+        open_study(storage, "memory", ident, seed=0, limit=2**30, limit_spec=None)
+    line = str(refused.value)
+    assert line.startswith("study s searched another space ({") and "\n" not in line
+    assert "'amp'" not in line  # the space it searched: amp was fixed there, not searched
+    assert line.endswith("its trials would not fit this one: pass another --study name")
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs == before
