@@ -206,7 +206,8 @@ class ConsoleReporter:
         for line in _confirmation_lines(summary):
             p(line)
         if summary.speedup is not None:
-            how = " (measured side by side)" if summary.speedup.kind == CONFIRMED else \
+            how = f" (measured side by side{summary.speedup.per_round()})" \
+                if summary.speedup.kind == CONFIRMED else \
                 " (the search trials' own figures, not confirmed)"
             p(f"speedup over the baseline: {summary.speedup.value:.2f}x{how}")
         elif summary.baseline is not None and summary.best.number != summary.baseline.number:

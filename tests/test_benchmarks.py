@@ -94,3 +94,19 @@ def test_compile_cache_benchmark_times_cold_and_warm_compiles(tmp_path: Path) ->
         assert compiled["compile_step_s"] > 0 and compiled["compile_s"] is not None
     assert "micro 8" in larger["trial"] and larger["config"].startswith("batch 8x1")
     assert doc["cache_saves_s"] == round(cold["compile_step_s"] - warm["compile_step_s"], 2)
+
+
+def test_trial_step_benchmark_times_every_kind_of_step_in_one_process() -> None:
+    """The trial's step against a plain one, in one process (mlp, two rounds): every kind is
+    timed in every round and set against the plain step; what the ratios read is the
+    benchmark's to say, not this test's."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "trial_step.py"), "--model", "mlp",
+         "--micro", "32", "--amp", "off", "--blocks", "2", "--steps", "1", "--warmup", "1",
+         "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["results"]
+    assert row["amp"] == "off" and row["nonfinite"] == 0
+    assert set(row["rates"]) == {"trial", "plain", "checked", "scaled"}
+    assert all(len(v) == 2 and min(v) > 0 for v in row["rates"].values())
+    assert set(row["ratio_median"]) == {"trial", "checked", "scaled"}

@@ -15,7 +15,7 @@ import optuna
 
 from autotune.config.knobs import Config
 from autotune.tuner import record
-from autotune.tuner.confirmation import Confirmation
+from autotune.tuner.confirmation import Confirmation, Confirmed
 from autotune.tuner.diagnosis import MemoryWall, Tried, TriedConfig
 from autotune.tuner.record import PREDICTED_OOM, Pending, StudyFacts, TrialRecord
 from autotune.tuner.search import Observation
@@ -28,13 +28,25 @@ SEARCH = "search windows, not confirmed"
 @dataclass(frozen=True)
 class Speedup:
     """The winner's speedup over the baseline, and what it rests on: the confirmation's
-    interleaved rounds (CONFIRMED) or the two search trials' own windows (SEARCH)."""
+    interleaved rounds (CONFIRMED) or the two search trials' own windows (SEARCH). ``rounds``:
+    a confirmed win's ratio in each round (the winner's reading over the baseline's in the
+    same round), so a reader sees how far one round's ratio is from another's."""
 
     value: float
     kind: str
+    rounds: tuple[float, ...] = ()
+
+    def per_round(self) -> str:
+        """'; per round 2.67x, 2.37x' (a range past four rounds) where there are two or more
+        rounds, else ''."""
+        if len(self.rounds) < 2:
+            return ""
+        if len(self.rounds) > 4:
+            return f"; per round {min(self.rounds):.2f}-{max(self.rounds):.2f}x"
+        return "; per round " + ", ".join(f"{r:.2f}x" for r in self.rounds)
 
     def words(self) -> str:
-        return f"{self.value:.2f}x ({self.kind})"
+        return f"{self.value:.2f}x ({self.kind}{self.per_round()})"
 
 
 @dataclass(frozen=True)
@@ -106,7 +118,8 @@ class StudySnapshot:
                 return Speedup(1.0, CONFIRMED)
             mine, theirs = conf.of(win.number) if win else None, conf.baseline
             if mine and theirs and mine.median and theirs.median:
-                return Speedup(round(mine.median / theirs.median, 3), CONFIRMED)
+                return Speedup(round(mine.median / theirs.median, 3), CONFIRMED,
+                               _per_round(mine, theirs))
         if win is None or base is None or not win.samples_per_sec or not base.samples_per_sec \
                 or win.spread_cv is None or base.spread_cv is None:
             return None
@@ -191,3 +204,13 @@ def read(study: optuna.Study, limit: int | None = None) -> StudySnapshot:
         limit = int(facts.memory_limit_bytes or 0)
     return StudySnapshot(facts, tuple(record.read_trials(study)), limit,
                          record.read_pending(study))
+
+
+def _per_round(win: Confirmed, base: Confirmed) -> tuple[float, ...]:
+    """The winner's reading over the baseline's, round by round: every round runs the
+    baseline and every config still in it, so the i-th readings of both share a round. None
+    where their counts differ (a stored confirmation is others' data in a shared study: it
+    may hold anything)."""
+    if len(win.rates) != len(base.rates):
+        return ()
+    return tuple(round(a / b, 3) for a, b in zip(win.rates, base.rates, strict=True) if b > 0)
