@@ -341,7 +341,7 @@ def test_a_study_from_before_the_cpu_fields_that_differs_otherwise_is_refused() 
         "to start a new study")
 
 
-def test_a_study_over_another_space_is_refused_and_keeps_its_trials() -> None:
+def test_a_study_over_another_space_is_refused_and_left_as_it_was() -> None:
     """The same machine, a space narrowed otherwise (amp fp32 only, as a CPU without native bf16
     narrows it): its trials would not fit this space's, so the resume is refused in one line
     naming the space it searched, and nothing is written to the study."""
