@@ -3,7 +3,9 @@
     python benchmarks/observer.py --rounds 3             # bert, 8x1, fp32 and bf16, 10 s windows
     python benchmarks/observer.py --model bert --micro 8 --amp bf16 --rounds 3 --json
 
-Each round runs, one after the other, for each precision (in reverse order every other round):
+Each round runs, for each precision, every kind twice in a mirrored order (``plain trial trial
+plain``, then ``trial plain plain trial`` the next round), so that a drift over the round weighs
+on every kind alike; a kind's rate in a round is the mean of its two runs:
   trial   the tuner's own path: ``trial.launch.execute`` of a planned trial, followed as a run
           follows it (progress tailed, the process tree's memory sampled, pruning asked, at the
           interval a run uses for these windows); its samples/s (median of its windows), with
@@ -15,9 +17,12 @@ Each round runs, one after the other, for each precision (in reverse order every
           optimizer and data of the workload, autocast when the config asks for it, one
           optimizer step per iteration; warm-up steps as the trial's, then as many windows as the
           last trial timed, of as many steps as its windows held, their median.
-Printed per round and precision: the three rates; at the end, the median over rounds of the
-trial/plain and bare/plain ratios. Timing ratios live here, not in the test suite: a shared
-machine drifts 20-30% within minutes, which is why the three run back to back in every round.
+Printed per round and precision: each kind's rate; at the end, per precision, the median over
+rounds of the trial/plain (and bare/plain) ratio with a 90% bootstrap interval over the rounds,
+and the noise: the median gap between the two runs of one kind in a round, what one process reads
+against the next with nothing changed. A ratio resolves a 3% difference only where its interval
+is narrower than that. Timing ratios live here, not in the test suite: a shared machine drifts
+20-30% within minutes, which is why the kinds run back to back in every round.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -119,6 +125,22 @@ def plain_loop(model: str, config_json: str, warmup: int, windows: int, per_wind
     print(json.dumps({"median": statistics.median(rates), "rates": rates}))
 
 
+def interval(values: list[float], draws: int = 2000) -> tuple[float, float, float]:
+    """The median of ``values`` and a 90% bootstrap interval for it (seeded: reruns agree)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(draws))
+    return (statistics.median(values), medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1])
+
+
+def summarize(rows: list[dict], kinds: list[str]) -> dict:
+    """Per precision: each kind's ratio to the plain loop over rounds, and the same-kind noise."""
+    ratios = {f"{kind}/plain": interval([x[kind] / x["plain"] for x in rows])
+              for kind in kinds if kind != "plain" and "plain" in kinds}
+    gaps = [abs(a / b - 1) for x in rows for a, b in [x["runs"][k] for k in kinds]]
+    return {"rounds": len(rows), "ratios": ratios, "noise": statistics.median(gaps)}
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--plain":
         plain_loop(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
@@ -143,11 +165,12 @@ def main() -> int:
                 config = Config(micro_batch_size=args.micro, amp=amp)
                 spec = TrialSpec(WorkloadSpec(args.model, {}), config, "cpu", settings)
                 row: dict = {"round": r + 1, "amp": amp}
-                # Every other round runs the kinds in reverse: whatever runs first in a round
-                # (a cooler core, a quieter neighbour) is not always the same kind.
-                order = args.kinds if r % 2 == 0 else args.kinds[::-1]
-                for kind in order:
-                    folder = Path(tmp) / f"{r}-{amp}-{kind}"
+                # Mirrored within the round (A B B A), and the mirror turned every other round, so
+                # that neither a drift across the round nor going first favours one kind.
+                kinds = args.kinds if r % 2 == 0 else args.kinds[::-1]
+                runs: dict[str, list[float]] = {k: [] for k in args.kinds}
+                for i, kind in enumerate(kinds + kinds[::-1]):
+                    folder = Path(tmp) / f"{r}-{amp}-{kind}-{i}"
                     if kind == "trial":
                         rate, *shape[amp] = trial(spec, folder)
                     elif kind == "bare":
@@ -155,24 +178,25 @@ def main() -> int:
                     else:  # as many windows of as many steps as the last trial timed
                         rate = plain(args.model, config, settings.warmup_min_steps + 1,
                                      *shape[amp])
-                    row[kind] = rate
+                    runs[kind].append(rate)
+                row.update({k: statistics.fmean(v) for k, v in runs.items()}, runs=runs)
                 rows.append(row)
                 if not args.json:
                     print(f"round {r + 1} amp {amp:<5} " + "  ".join(
-                        f"{k} {row[k]:.3f}" for k in args.kinds) + " samples/s", flush=True)
-    ratios = {}
-    for amp in args.amp:
-        mine = [x for x in rows if x["amp"] == amp]
-        for kind in args.kinds:
-            if kind != "plain" and "plain" in args.kinds:
-                ratios[f"{amp} {kind}/plain"] = round(statistics.median(
-                    x[kind] / x["plain"] for x in mine), 4)
+                        f"{k} {row[k]:.3f} ({' '.join(f'{x:.3f}' for x in runs[k])})"
+                        for k in args.kinds) + " samples/s", flush=True)
+    summary = {amp: summarize([x for x in rows if x["amp"] == amp], args.kinds)
+               for amp in args.amp}
     if args.json:
         print(json.dumps({"model": args.model, "micro": args.micro, "rounds": rows,
-                          "median_ratios": ratios}, indent=1))
+                          "summary": summary}, indent=1))
     else:
-        for name, value in ratios.items():
-            print(f"{name}: {value:.3f} (median over rounds)")
+        for amp, found in summary.items():
+            for name, (median, low, high) in found["ratios"].items():
+                print(f"{amp} {name}: median {median:.3f} over {found['rounds']} rounds, "
+                      f"90% interval {low:.3f}-{high:.3f}")
+            print(f"{amp} noise: one run of a kind against its twin in the round, median gap "
+                  f"{found['noise']:.1%}")
     return 0
 
 
