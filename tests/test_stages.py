@@ -15,7 +15,13 @@ from autotune.tuner.budget import StepTimeModel
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord, read_trial
 from autotune.tuner.search import MemoryModel, Observation, staged_next
-from autotune.tuner.stages import REMEDIES, diagnosis_next, running_as, story
+from autotune.tuner.stages import (
+    REMEDIES,
+    diagnosis_next,
+    running_as,
+    smallest_as_fast,
+    story,
+)
 
 GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
                    supports=DECLARED)
@@ -119,6 +125,33 @@ def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch
     assert then is not None and then.config.micro_batch_size == 64
     assert then.config.activation_checkpointing
     assert then.stage.endswith("-> micro-batch 64 with checkpointing")
+
+
+def test_the_optimizer_is_tried_at_the_smallest_batch_that_measured_as_fast_as_the_incumbent(
+) -> None:
+    # The bf16 line of a default run: 8x1 2.41, 16x1 2.50, 32x1 2.56 samples/s, noise 9%; a
+    # fused optimizer saves a fixed time per step, which weighs most at 8x1.
+    cpu = narrow(load_space("default"), fake_cpu(2), 1, Config(), supports=DECLARED)
+    line = cpu.variant(Config(), amp="bf16")
+    rates = {8: 2.41, 16: 2.50, 32: 2.56}
+    obs = [Observation(cpu.variant(line, micro_batch_size=m), "ok", r, 2**30, spread_cv=0.045)
+           for m, r in rates.items()]
+    obs.append(Observation(Config(micro_batch_size=8), "ok", 1.45, 2**30))  # fp32: another line
+    incumbent = obs[2].config
+    at = smallest_as_fast(incumbent, 2.56, obs, noise=0.09)
+    assert at == obs[0].config
+    low = [finding("compute-bound", mfu=0.53)]
+    p = diagnosis_next(cpu, incumbent, low, set(), never, per_step_at=at)
+    assert p is not None and p.config == cpu.variant(at, optimizer_impl="fused")
+    assert p.stage == "diagnosis: compute-bound at MFU 53% -> optimizer_impl fused at micro-batch 8"
+    # The other knobs change the incumbent itself; with the optimizer's values tried, compile
+    # comes next at 32x1.
+    tried = {cpu.variant(at, optimizer_impl=v) for v in ("fused", "foreach")}
+    p = diagnosis_next(cpu, incumbent, low, tried, never, per_step_at=at)
+    assert p is not None and p.config == cpu.variant(incumbent, compile="default")
+    # Where the smaller batches read slower by more than the noise, the incumbent is the place.
+    assert smallest_as_fast(incumbent, 2.56, obs, noise=0.02) == incumbent
+    assert smallest_as_fast(incumbent, 2.56, obs, noise=0.03) == obs[1].config
 
 
 def test_the_story_reads_each_diagnosis_stage_with_its_speedup() -> None:

@@ -300,9 +300,12 @@ class Runner(TrialSteps):
         if best is None:
             return None
         tried = {o.config for o in snap.observations} | set(snap.pending.running)
+        per_step_at = stages.smallest_as_fast(best.config, best.samples_per_sec or 0.0,
+                                              snap.observations, noise_of(snap.observations))
         return stages.diagnosis_next(self.space, best.config, diagnose_record(snap, best),
                                      tried, ruled_out,
-                                     stages.running_as(best.config, best.measurement.applied))
+                                     stages.running_as(best.config, best.measurement.applied),
+                                     per_step_at)
 
     def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space

@@ -202,7 +202,7 @@ def _beyond_reach(amp: str, observations: Sequence[Observation],
                  and o.achieved and o.achieved > NEAR_PEAK * peak), None)
 
 
-def _on_line(config: Config, line: Config) -> bool:
+def on_line(config: Config, line: Config) -> bool:
     """Whether ``config`` differs from ``line`` only in the micro-batch (and the accumulation
     that --global-batch derives from it)."""
     a, b = config.to_dict(), line.to_dict()
@@ -252,7 +252,7 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
         mfus: dict[int, float] = {}
         pruned: set[int] = set()
         for o in observations:
-            if _on_line(o.config, line):
+            if on_line(o.config, line):
                 micro = o.config.micro_batch_size
                 seen[micro] = seen.get(micro, False) or o.fits
                 if o.fits and o.status == "pruned":
