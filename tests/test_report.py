@@ -46,8 +46,10 @@ def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: P
     rows = dict(header(text))
     kind = "confirmed side by side" if profile.get("confirmation") else \
         "search windows, not confirmed"
-    if profile["speedup"] is not None:
-        assert rows["speedup"].startswith(f"{profile['speedup']:.2f}x ({kind})"), rows
+    if profile["speedup"] is not None:  # a confirmation of two or more rounds adds each one's
+        rounds = (profile.get("confirmation") or {}).get("rounds") or 0
+        assert rows["speedup"].startswith(f"{profile['speedup']:.2f}x ({kind}"), rows
+        assert ("; per round " in rows["speedup"]) == (rounds >= 2), rows
     if profile["result"].get("mfu") is not None:
         assert rows["MFU"].startswith(f"{100 * profile['result']['mfu']:.1f}% "), rows
     # Three trials say nothing about which knob matters: the panel says so, and draws no bar.
