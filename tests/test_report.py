@@ -21,6 +21,7 @@ from autotune.config.knobs import Config
 from autotune.report import PANELS, build_dashboard, gather
 from autotune.report.importance import MIN_TRIALS
 from autotune.tuner import snapshot
+from autotune.tuner.confirmation import NO_WIN
 from autotune.tuner.results import build_profile
 from tests.conftest import autotune
 
@@ -46,10 +47,12 @@ def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: P
     rows = dict(header(text))
     kind = "confirmed side by side" if profile.get("confirmation") else \
         "search windows, not confirmed"
-    if profile["speedup"] is not None:  # a confirmation of two or more rounds adds each one's
-        rounds = (profile.get("confirmation") or {}).get("rounds") or 0
+    if profile["speedup"] is not None:  # a confirmed win of two or more rounds adds each one's
+        conf = profile.get("confirmation") or {}
+        won = conf.get("decision", {}).get("decided_by") != NO_WIN
         assert rows["speedup"].startswith(f"{profile['speedup']:.2f}x ({kind}"), rows
-        assert ("; per round " in rows["speedup"]) == (rounds >= 2), rows
+        assert ("; per round " in rows["speedup"]) == (won and conf.get("rounds", 0) >= 2), rows
+        assert ("no config beat the baseline" in rows["speedup"]) == (bool(conf) and not won)
     if profile["result"].get("mfu") is not None:
         assert rows["MFU"].startswith(f"{100 * profile['result']['mfu']:.1f}% "), rows
     # Three trials say nothing about which knob matters: the panel says so, and draws no bar.
