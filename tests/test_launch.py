@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -297,6 +298,37 @@ def test_two_tuners_with_the_same_trial_folders_never_reap_each_others_trials(
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_trial_beside_another_is_never_taken_for_its_orphan() -> None:
+    """Two trials side by side (a cluster engine's slots, in threads): the second's root, a new
+    child of the tuner forked while the first's tree is looked at, and a tool the tuner runs
+    (squeue, in its own group) are not the first trial's orphans: ending the first trial leaves
+    both alone. Before, a look between the fork and the note SIGKILLed the second trial."""
+    from autotune.trial import processes
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    first = subprocess.Popen(sleep, start_new_session=True)
+    processes.started(first.pid)
+    tree = processes.Tree(first.pid)
+    procs = [first, subprocess.Popen(sleep)]  # the second: a tool, in the tuner's own group
+    looked = threading.Thread(target=tree.look)
+    try:
+        with processes.launching():
+            procs.append(subprocess.Popen(sleep, start_new_session=True))
+            looked.start()
+            looked.join(0.5)
+            assert looked.is_alive()  # the look waits until the new root is noted
+            processes.started(procs[2].pid)
+        looked.join(10)
+        tree.look()
+        assert tree.kill() == []  # the first trial left nothing, and the others are not its
+        assert all(proc.poll() is None for proc in procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+            processes.finished(proc.pid)
 
 
 def test_the_tuner_looks_at_a_trial_at_the_pace_of_its_steps() -> None:

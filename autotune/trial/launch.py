@@ -203,15 +203,16 @@ def _start(p: TrialPlan, env: dict[str, str]
     for what the trial's nodes send back (``Relay``)."""
     output = CappedLog(p.stderr_path)
     try:
-        proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE if p.engine else output.fd,
-                                stderr=output.fd, start_new_session=True)
+        with processes.launching():
+            proc = subprocess.Popen(p.argv, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE if p.engine else output.fd,
+                                    stderr=output.fd, start_new_session=True)
+            processes.started(proc.pid)
     except BaseException:
         output.started()
         output.close()
         raise
     output.started()  # the trial holds the write end now
-    processes.started(proc.pid)
     relay = Relay(proc.stdout, p.result_path, p.progress_path) \
         if p.engine and proc.stdout is not None else None
     return proc, output, relay

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import psutil
 
@@ -92,9 +93,19 @@ def adopt_orphans(on: bool = True) -> bool:
 
 # The trial roots this process started and has not yet waited for: with trials side by side (a
 # cluster engine's slots, in threads) another trial's root is a new child here too, and must not
-# be taken for this trial's adopted orphan.
+# be taken for this trial's adopted orphan. The lock is held from a root's fork to its note
+# (``launching``), so no look falls between the two.
 _ROOTS: set[int] = set()
-_ROOTS_LOCK = threading.Lock()
+_ROOTS_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def launching() -> Iterator[None]:
+    """Hold while a trial's root is started and noted (``started``): a look at another trial's
+    tree in between would take the new child for an orphan of that trial, and kill it at that
+    trial's end (a trial beside it ended by SIGKILL, read as the OOM killer's)."""
+    with _ROOTS_LOCK:
+        yield
 
 
 def started(pid: int) -> None:
@@ -156,12 +167,17 @@ def _start_time(pid: int) -> float | None:
 
 
 def _children() -> dict[int, float]:
-    """This process's own children now (pid -> start time), but other trials' roots."""
+    """This process's children now (pid -> start time) that may be a trial's: not another
+    trial's root, and not in this process's own group (a tool it ran, ``squeue`` say: a
+    trial's processes live in sessions of their own and can never join it)."""
     out = {}
     with _ROOTS_LOCK:
         roots = set(_ROOTS)
-    for pid in children_of(os.getpid()):
-        if pid not in roots and (started := _start_time(pid)) is not None:
+        pids = children_of(os.getpid())
+    group = os.getpgrp()
+    for pid in pids:
+        if pid not in roots and _pgid(pid) not in (group, None) \
+                and (started := _start_time(pid)) is not None:
             out[pid] = started
     return out
 
