@@ -54,9 +54,13 @@ def test_slow_replay_charges_time_and_reports_every_strategy() -> None:
 
 @pytest.mark.slow  # real trial processes
 def test_winner_vs_baseline_runs_both_interleaved_and_reports_the_ratio(tuned_mlp: Path) -> None:
+    # One call: the profile and its baseline, the study's measured configs and a named one, in
+    # every one of two rounds.
+    storage = f"sqlite:///{tuned_mlp.parent.parent.parent / 'studies' / 'autotune.db'}"
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "winner_vs_baseline.py"), str(tuned_mlp),
-         "--rounds", "2", "--trial-seconds", "2", "--json"],
+         "--rounds", "2", "--trial-seconds", "2", "--json", "--measured", "--measured-top", "1",
+         "--storage", storage, "--config", "micro_batch_size=8,num_workers=1"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -65,18 +69,9 @@ def test_winner_vs_baseline_runs_both_interleaved_and_reports_the_ratio(tuned_ml
     assert doc["ratios"] == [round(w / b, 4) for w, b in zip(rates["profile"],
                                                             rates["baseline"], strict=True)]
     assert doc["ratio_spread_cv"] is not None and doc["median_ratio"] > 0
-    # Named configs and the study's measured ones run in every round beside the two.
-    storage = f"sqlite:///{tuned_mlp.parent.parent.parent / 'studies' / 'autotune.db'}"
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "winner_vs_baseline.py"), str(tuned_mlp),
-         "--rounds", "1", "--trial-seconds", "2", "--json", "--measured", "--storage", storage,
-         "--config", "micro_batch_size=8,num_workers=1"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
     named = Config.from_dict(doc["configs"]["batch 8x1, fp32, workers 1, prefetch 2"])
     assert (named.micro_batch_size, named.num_workers) == (8, 1)
-    assert len(doc["configs"]) >= 3 and all(len(r) == 1 for r in doc["samples_per_sec"].values())
+    assert len(doc["configs"]) >= 3 and all(len(r) == 2 for r in rates.values())
     assert 0 < doc["profile_vs_fastest"] <= 1.0
 
 
