@@ -86,10 +86,33 @@ def job(folder: Path, nodes: int, *runs: list[str]) -> Path:
     return path
 
 
+def submit(script: Path, env: dict[str, str]) -> str:
+    """The job id of ``script``, submitted."""
+    out = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def wait_job(job: str, script: Path, env: dict[str, str], timeout: float = 600) -> None:
+    """Until the job ended, asserting it completed with exit code 0. Polled every quarter
+    second: ``sbatch --wait`` polls at growing intervals (up to 10 s), seconds per test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
+                               capture_output=True, text=True, timeout=60, check=False).stdout
+        fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+        state = fields.get("JobState", "")
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            break
+        assert time.monotonic() < deadline, f"job {job} still {state}"
+        time.sleep(0.25)
+    assert (state, fields.get("ExitCode")) == ("COMPLETED", "0:0"), \
+        shown + _read(script.parent / "job.out")
+
+
 def sbatch(script: Path, env: dict[str, str], timeout: float = 600) -> None:
-    out = subprocess.run(["sbatch", "--wait", str(script)], env=env, capture_output=True,
-                         text=True, timeout=timeout, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr + _read(script.parent / "job.out")
+    wait_job(submit(script, env), script, env, timeout)
 
 
 def _read(path: Path) -> str:
@@ -171,8 +194,7 @@ def test_a_killed_driver_is_resumed_by_the_same_command(
             "--trials", "3", "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "resumed",
             *FAST]
     script = job(tmp_path, 2, args, args)
-    submitted = subprocess.Popen(["sbatch", "--wait", str(script)], env=slurm,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    submitted = submit(script, slurm)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -184,11 +206,10 @@ def test_a_killed_driver_is_resumed_by_the_same_command(
             raise AssertionError(f"no second trial started: {_read(tmp_path / 'run0.out')}")
         time.sleep(1.0)  # its step is running now
         os.kill(int(_read(tmp_path / "driver0.pid")), signal.SIGKILL)
-        out, err = submitted.communicate(timeout=600)
-    finally:
-        if submitted.poll() is None:
-            submitted.kill()
-    assert submitted.returncode == 0, out + err
+        wait_job(submitted, script, slurm)
+    except BaseException:
+        subprocess.run(["scancel", submitted], env=slurm, capture_output=True, check=False)
+        raise
     rc, second = run_output(tmp_path, 1)
     assert rc == 0, second[-4000:]
     trials = study_trials(tmp_path, "resumed")
