@@ -83,25 +83,24 @@ def test_no_larger_micro_batch_after_an_oom(workdir: Path) -> None:
 
 
 def test_pruning_and_early_stop(workdir: Path) -> None:
-    # Every micro-batch sleeps 50 ms: samples/sec grows with the batch, loader workers change
-    # nothing. After the staged start (4, then 16), batch 4 with a worker is clearly slower
-    # (pruned after two windows) and batch 16 with a worker ties: two trials with no win.
+    # Every micro-batch sleeps 50 ms: samples/sec grows with the batch. After the staged start
+    # (4, then 16), batches 2 and 1 are clearly slower (pruned after two windows): two trials with
+    # no win. (A tie as one of the two, e.g. 16 with a loader worker, could read 2% ahead on a
+    # loaded machine and reset the count: seen once in CI.)
     result = autotune("run", "--model", "autotune.testing.workloads:slow", "--param",
-                      "step_s=0.05",
-                      "--space", space(workdir, "knobs:\n  micro_batch_size: {choices: [4, 16]}"
-                                       "\n  num_workers: {choices: [0, 1]}\n"),
+                      "step_s=0.05", "--space", space(
+                          workdir, "knobs:\n  micro_batch_size: {choices: [1, 2, 4, 16]}\n"),
                       "--trials", "10", "--patience", "2", "--storage", DB, *FAST, cwd=workdir)
     assert result.returncode == 0, result.stderr
     trials = read_trials(load())
-    by_config = {(t.params["micro_batch_size"], t.params["num_workers"]): t for t in trials
-                 if t.reused_from is None}
-    assert by_config[(16, 0)].stage
-    slow = by_config[(4, 1)]
-    assert slow.state == TrialState.PRUNED and slow.status == "pruned"
-    assert (slow.reason or "").startswith("its first 2 windows reached at most")
-    assert len(stored(slow).intermediate_values) >= 2  # its windows, for the sampler
+    by_batch = {t.params["micro_batch_size"]: t for t in trials if t.reused_from is None}
+    assert by_batch[16].stage
+    for slow in (by_batch[1], by_batch[2]):
+        assert slow.state == TrialState.PRUNED and slow.status == "pruned"
+        assert (slow.reason or "").startswith("its first 2 windows reached at most")
+        assert len(stored(slow).intermediate_values) >= 2  # its windows, for the sampler
     assert "no trial beat the best by more than the noise" in result.stdout
-    assert len(by_config) == 4
+    assert len(by_batch) == 4
 
 
 def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
