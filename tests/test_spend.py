@@ -105,11 +105,16 @@ def test_pruning_and_early_stop(workdir: Path) -> None:
 
 def test_confirmation_reruns_the_top_configs_interleaved(workdir: Path) -> None:
     # Both configs measured (the baseline among them), once or twice each: one round where the
-    # winner's lead is decisive (its own test below), else two.
-    # --confirm-top 2: with top 1, a noisy run where the baseline measured fastest left one
-    # candidate and no confirmation (seen once in CI).
-    args = ("run", "--model", "autotune.testing.workloads:tiny", "--trials", "2", "--storage", DB,
-            *FAST, "--trial-seconds", "2", "--confirm-top", "2", "--confirm-rounds", "2")
+    # winner's lead is decisive (its own test below), else two. Each micro-batch sleeps 20 ms x
+    # (batch / 4) ** 0.8: batch 8 leads the baseline's 4 by 15% (2 ** 0.2), a lead no noise here
+    # reverses and one that is decisive only where their margin is under 3%. (With the tiny
+    # workload on the default space the second trial was bf16 at the baseline's batch, a tie: a
+    # loaded run where the baseline read fastest left one candidate and no confirmation.)
+    args = ("run", "--model", "autotune.testing.workloads:slow", "--param", "step_s=0.02",
+            "--param", "exponent=0.8", "--space", space(
+                workdir, "knobs:\n  micro_batch_size: {choices: [4, 8]}\n"),
+            "--trials", "2", "--storage", DB, *FAST, "--trial-seconds", "2", "--confirm-top", "2",
+            "--confirm-rounds", "2")
     result = autotune(*args, cwd=workdir)
     assert result.returncode == 0, result.stderr
     study = load()
