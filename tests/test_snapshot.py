@@ -167,6 +167,12 @@ def test_a_confirmed_speedup_says_each_rounds_ratio_where_the_rounds_pair_up() -
     assert many.words() == "2.00x (confirmed side by side; per round 1.80-2.20x)"
     uneven = confirmed(2, cand(BASE, [100.0, 100.0]), cand(FAST_CONFIRMED, [200.0, 210.0, 190.0]))
     assert study(BASE, FAST_CONFIRMED, confirmation=uneven).speedup == Speedup(2.0, CONFIRMED)
+    # The baseline the winner (ahead within the margin, peaks alike): 1.00x, not its own rounds
+    # over themselves ("per round 1.00x, 1.00x").
+    tie = confirmed(2, cand(BASE, [101.0, 102.0]), cand(FAST_CONFIRMED, [100.0, 101.0]))
+    assert tie.decision.winner_trial == BASE.number and not tie.no_win
+    kept = study(BASE, FAST_CONFIRMED, confirmation=tie).speedup
+    assert kept == Speedup(1.0, CONFIRMED) and kept.words() == "1.00x (confirmed side by side)"
 
 
 def test_a_resumed_study_with_more_measured_trials_has_no_confirmation() -> None:

@@ -110,12 +110,13 @@ class StudySnapshot:
     @cached_property
     def speedup(self) -> Speedup | None:
         """The winner's speedup: the confirmation's side-by-side ratio (1.0 when no config
-        beat the baseline beyond the noise), else the search trials' own figures (only when
-        both had a measured spread); None when there is nothing to claim."""
+        beat the baseline beyond the noise, or the baseline won it for its headroom), else the
+        search trials' own figures (only when both had a measured spread); None when there is
+        nothing to claim."""
         conf, win, base = self.confirmation, self.winner, self.baseline
         if conf is not None:
-            if conf.no_win:
-                return Speedup(1.0, CONFIRMED)
+            if conf.no_win or (win is not None and win.is_baseline):
+                return Speedup(1.0, CONFIRMED)  # not the baseline's rounds over themselves
             mine, theirs = conf.of(win.number) if win else None, conf.baseline
             if mine and theirs and mine.median and theirs.median:
                 return Speedup(round(mine.median / theirs.median, 3), CONFIRMED,
