@@ -238,8 +238,16 @@ def launch_command(
     # no edit to the script (``autotune.bootstrap``); a plain loop loads it itself.
     env.update(bootstrap.environment(bootstrap.LAUNCH, env))
     env.update(bootstrap.trainer_env(profile.config.amp, profile.config.grad_accum_steps))
-    typer.echo(f"autotune: launching with {shown}; a Hugging Face or Lightning Trainer in it "
-               "gets the profile's config", err=True)
+    from autotune.trial.command import SKIPPED_BY, skipping_flag
+
+    flag = skipping_flag(command[1:]) if os.path.basename(command[0]).startswith("python") \
+        else None
+    # A script that loads the profile itself still gets it under these flags; a Trainer not.
+    reached = "a Hugging Face or Lightning Trainer in it gets the profile's config" \
+        if flag is None else (f"warning: {flag} ({SKIPPED_BY[flag]}) keeps autotune's "
+                              "bootstrap out: a Hugging Face or Lightning Trainer in it does "
+                              f"not get the profile's config; run it without {flag} for that")
+    typer.echo(f"autotune: launching with {shown}; {reached}", err=True)
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:

@@ -55,6 +55,15 @@ def test_command_is_checked_and_identified(tmp_path: Path) -> None:
         parse_command([TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", str(script)])
     with pytest.raises(UsageError, match="nproc-per-node 'gpu'"):
         parse_command([TORCHRUN, "--nproc-per-node", "gpu", str(script)])
+    # Behind a wrapper, the .py file it names is the script; without one, what is not tracked
+    # is said (a wrapper's file, or only the command line).
+    for wrapped in (["env", "-u", "X", sys.executable, str(script)],
+                    ["bash", "-c", f"cd /tmp && {sys.executable} {script} --lr 1"]):
+        found = parse_command(wrapped)
+        assert (found.name, found.script, found.untracked) == ("train.py", str(script), None)
+    inline = parse_command(["bash", "-c", "echo trains"])
+    assert inline.script is None and (inline.untracked or "").startswith(
+        "bash -c runs code that names no .py file: no file identifies the study")
 
 
 def test_a_script_s_trial_is_planned_as_data(tmp_path: Path) -> None:
@@ -222,7 +231,9 @@ def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
     assert d.give_up
     reason = json.loads((tmp_path / "result.json").read_text())["reason"]
     assert reason.startswith("no progress from rank(s) 1 of train.py in 0 s: a Hugging Face "
-                             "or Lightning Trainer is reported by autotune itself")
+                             "or Lightning Trainer is reported by autotune itself once its "
+                             "Trainer trains (autotune's bootstrap reached no Python process "
+                             "of it)")
     assert "a plain PyTorch loop calls autotune.step() once per optimizer step" in reason
 
 
@@ -288,7 +299,10 @@ def test_a_measured_script_still_stopping_at_the_trial_timeout_keeps_its_result(
 
 
 @pytest.mark.parametrize("behave,status,reason", [
-    ("silent", "error", "no progress from loop.py in 4 s: a Hugging Face or Lightning Trainer"),
+    # What the bootstrap saw, not a claim: it once said "(none did)" of processes it never saw.
+    ("silent", "error", "no progress from loop.py in 4 s: a Hugging Face or Lightning Trainer "
+                        "is reported by autotune itself once its Trainer trains (none began "
+                        "training in the 1 Python process(es) autotune's bootstrap reached)"),
     ("short", "error", "loop.py finished after 3 step(s), before a window could be measured; "
                        "give it more data or steps"),
     ("hang", "timeout", "step 4 of loop.py had not ended "),
@@ -514,16 +528,29 @@ def test_a_script_that_starts_its_own_ranks_gets_them_from_nproc(tmp_path: Path)
     assert [r["rank"] for r in m["ranks"]] == [0, 1]  # Lightning's second rank reported too
 
 
-def test_an_edited_script_is_not_resumed_into_its_old_study(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
+@pytest.mark.parametrize("form", ["python", "shell", "wrapper"])
+def test_an_edited_script_is_not_resumed_into_its_old_study(tmp_path: Path, form: str) -> None:
+    script, wrapper = tmp_path / "train.py", tmp_path / "wrap.sh"
     script.write_text(LOOP.read_text())
-    args = ["run", "--study", "s", "--trials", "1", "--no-probe", *FAST, "--",
-            sys.executable, str(script)]
-    assert autotune(*args, cwd=tmp_path).returncode == 0
-    script.write_text(LOOP.read_text() + "# tuned since\n")
+    python = shlex.quote(sys.executable)
+    wrapper.write_text(f"#!/bin/sh\nexec {python} train.py\n")
+    wrapper.chmod(0o755)
+    # A shell's code names the script: it is tracked (it once recorded script: null).
+    command = {"python": [sys.executable, str(script)],
+               "shell": ["bash", "-c", f"exec {python} train.py"],
+               "wrapper": [str(wrapper)]}[form]
+    args = ["run", "--study", "s", "--trials", "1", "--no-probe", *FAST, "--", *command]
+    first = autotune(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    # A wrapper file is tracked, and the run says the script behind it is not.
+    said = "wrap.sh is tracked (its sha256), not the Python script it runs: an edit to that " \
+           "script neither starts a new study nor is refused by `autotune profile check`"
+    assert (said in first.stdout) == (form == "wrapper"), first.stdout
+    edited = wrapper if form == "wrapper" else script
+    edited.write_text(edited.read_text() + "# tuned since\n")
     out = autotune(*args, cwd=tmp_path)
-    assert out.returncode == 2
-    assert "train.py changed since study s measured it (sha256 " in out.stderr
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"{edited.name} changed since study s measured it (sha256 " in out.stderr
     assert len(_study(tmp_path).trials) == 1  # nothing lost, nothing added
 
 

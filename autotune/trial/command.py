@@ -8,8 +8,10 @@ optimizer step (``autotune.steps``); ``trial.driver`` measures the trial from th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -21,6 +23,9 @@ from autotune.steps import SAMPLES_ENV, STOP_FILE, TRIAL_DIR_ENV
 
 # Launchers whose ranks are the script's processes: torchrun, or python -m torch.distributed.run.
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# Python's options that keep autotune's bootstrap (a sitecustomize on PYTHONPATH) out.
+SKIPPED_BY = {"-I": "isolated mode ignores PYTHONPATH and sitecustomize",
+              "-E": "it ignores PYTHONPATH", "-S": "it imports no site, so no sitecustomize"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class Command:
     # script that starts its ranks itself (Lightning, mp.spawn) takes them from --nproc,
     # through the profile (``lightning_trainer_kwargs``'s devices).
     launcher: bool = False
+    # What identifies the study less than the script would (a wrapper's file, or none), said
+    # when the run starts; None when the script itself is tracked.
+    untracked: str | None = None
 
     def to_params(self, batch: int) -> dict[str, Any]:
         """The study's workload params: what makes two commands' trials comparable."""
@@ -56,6 +64,11 @@ def parse_command(argv: list[str] | tuple[str, ...]) -> Command:
                          "command after --, e.g. autotune run -- python train.py")
     base = os.path.basename(program)
     rest = list(argv[1:])
+    if (shown := shown_flag(argv)) is not None:
+        python, flag = shown
+        raise UsageError(f"{python} {flag}: {SKIPPED_BY[flag]}, so autotune's bootstrap never "
+                         "runs in the trial (it could not keep a Trainer off your outputs, "
+                         f"checkpoints and trackers); run it without {flag}")
     launcher = base == "torchrun"
     if base.startswith("python") and rest[:1] == ["-m"] and rest[1:2] and \
             rest[1] in _TORCHRUN_MODULES:
@@ -67,19 +80,96 @@ def parse_command(argv: list[str] | tuple[str, ...]) -> Command:
         if "module" in options:  # torchrun --module pkg.train
             rest = ["-m", *rest[at:]]
     module = _module(rest) if launcher or base.startswith("python") else None
+    untracked: str | None = None
     if module is not None:  # python -m pkg.train: the file it runs is the script
-        script, name = module_file(module), module
+        script = module_file(module)
         if script is None:
             raise UsageError(f"module {module!r} not found (from {os.getcwd()} and the Python "
                              "path): check the name after -m")
-    else:
-        script = next((a for a in (rest if launcher or base.startswith("python") else [program])
-                       if a.endswith(".py") and Path(a).is_file()), None)
+    elif launcher or base.startswith("python"):
+        script = next((a for a in rest if a.endswith(".py") and Path(a).is_file()), None)
         if script is None and base.startswith("python") and rest and rest[0].endswith(".py"):
             raise UsageError(f"script {rest[0]!r} not found: check the path after python")
-        name = os.path.basename(script) if script else base
+    else:
+        script, untracked = _behind(program, base, rest)
+    name = module if module is not None else os.path.basename(script) if script else base
     digest = hashlib.sha256(Path(script).read_bytes()).hexdigest() if script else None
-    return Command(argv, name, script, digest, nproc, launcher)
+    return Command(argv, name, script, digest, nproc, launcher, untracked)
+
+
+_SHELLS = ("sh", "bash", "dash", "zsh", "ksh")
+
+
+def _behind(program: str, base: str, rest: list[str]) -> tuple[str | None, str | None]:
+    """The file that identifies a command whose program is not Python (a shell, ``env``,
+    ``accelerate launch``, a wrapper script), and a line saying what is not tracked then: the
+    ``.py`` file it names (in a shell's ``-c`` code too), else the wrapper file itself."""
+    def python_file(args: list[str]) -> str | None:
+        return next((a for a in args if a.endswith(".py") and Path(a).is_file()), None)
+
+    if program.endswith(".py") and Path(program).is_file():
+        return program, None
+    code = rest[rest.index("-c") + 1] if base in _SHELLS and "-c" in rest[:-1] else None
+    if code is not None:
+        try:
+            words = shlex.split(code)
+        except ValueError:
+            words = []
+        if (script := python_file(words)) is not None:
+            return script, None
+        return None, (f"{base} -c runs code that names no .py file: no file identifies the "
+                      "study, only the command line; an edit to what it runs neither starts a "
+                      "new study nor is refused by `autotune profile check`")
+    if (script := python_file(rest)) is not None:
+        return script, None
+    wrapper = next((a for a in rest if not a.startswith("-") and Path(a).is_file()), None) \
+        if base in _SHELLS else program if os.sep in program else None
+    if wrapper is None:
+        return None, (f"{base} names no script file: no file identifies the study, only the "
+                      "command line; an edit to what it runs neither starts a new study nor "
+                      "is refused by `autotune profile check`")
+    return wrapper, (f"{os.path.basename(wrapper)} is tracked (its sha256), not the Python "
+                     "script it runs: an edit to that script neither starts a new study nor "
+                     "is refused by `autotune profile check`")
+
+
+def shown_flag(argv: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """A Python in the command (after a wrapper such as ``env``, in a shell's ``-c`` code
+    too) with an option that keeps the bootstrap out: (its name, the option), or None."""
+    words = list(argv)
+    if os.path.basename(argv[0]) in _SHELLS and "-c" in argv[1:-1]:
+        with contextlib.suppress(ValueError):
+            words += shlex.split(argv[argv.index("-c", 1) + 1])
+    for i, word in enumerate(words):
+        base = os.path.basename(word)
+        if base.startswith("python") and not base.endswith(".py") and \
+                (flag := skipping_flag(words[i + 1:])) is not None:
+            return base, flag
+    return None
+
+
+def skipping_flag(args: list[str] | tuple[str, ...]) -> str | None:
+    """The option of a Python command line (the arguments after the interpreter) that keeps
+    the bootstrap out: ``-I`` (isolated), ``-E`` (ignores PYTHONPATH) or ``-S`` (no
+    ``site``, so no ``sitecustomize``); None when it has none before its script."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--check-hash-based-pycs":
+            i += 2
+            continue
+        if not arg.startswith("-") or arg == "-" or arg.startswith("--"):
+            return None  # the script, stdin, or a long option that takes no value
+        for j, letter in enumerate(arg[1:]):
+            if letter in "IES":
+                return f"-{letter}"
+            if letter in "cm":
+                return None  # -c CODE, -m MODULE: the options end
+            if letter in "WX":
+                i += j == len(arg) - 2  # -W VALUE (its value is the next argument)
+                break
+        i += 1
+    return None
 
 
 def _module(args: list[str]) -> str | None:

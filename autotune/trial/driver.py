@@ -27,9 +27,11 @@ from autotune.steps import STOP_FILE, steps_file
 from autotune.trial import progress, protocol
 from autotune.trial.measurement import TRIAL_TIMEOUT
 from autotune.trial.protocol import WarmUp, WindowStats
+from autotune.trial.reach import Reach
 from autotune.trial.reports import MIN_STEP_S, RankReports, slowest_span, trial_end
 from autotune.trial.result import RESULT_SCHEMA, TrialResultDoc, Window
 from autotune.trial.script_result import (
+    how_to_report,
     overcounted,
     overridden,
     rank_summary,
@@ -79,6 +81,19 @@ class StepDriver:
     def __post_init__(self) -> None:
         self.ranks = [RankReports(Path(steps_file(str(self.folder), r)), r)
                       for r in range(self.world)]
+        self.reach = Reach(self.folder)
+
+    def look(self, processes: Mapping[int, float]) -> None:
+        """Check the trial's processes (pid -> start time) against the bootstrap's marks: a
+        Python process it did not reach ends the trial as an error (``trial.reach``), also
+        when windows were measured: the config was not applied there, so they need not be
+        its speed."""
+        if self.give_up or (self.done and self.result is not None
+                            and self.result.get("status") != "ok"):
+            return
+        why = self.reach.check(processes, reporters=[pid for r in self.ranks for pid in r.pids])
+        if why is not None:
+            self._finish("error", f"{self.name}: {why}", give_up=True)
 
     @property
     def no_progress_s(self) -> float:
@@ -174,6 +189,7 @@ class StepDriver:
     def at_exit(self, returncode: int | None) -> None:
         """The script ended by itself: a result from what it reported, if none was written."""
         self.poll(running=False)
+        self.look({})  # its processes are gone; those that reported steps are known
         if self.done or returncode != 0:
             return  # a crash: its exit code and stderr say what happened (classify)
         if self.windows:
@@ -182,7 +198,7 @@ class StepDriver:
         steps = min(len(r.ends) for r in self.ranks)
         if max(len(r.ends) for r in self.ranks) == 0:
             self._finish("error", f"{self.name} exited without reporting a step: "
-                         f"{self._how_to_report()}")
+                         f"{how_to_report(self.ranks, self.reach.reached)}")
             return
         self._finish("error", f"{self.name} finished after {steps} step(s), before a window "
                      "could be measured; give it more data or steps (autotune stops it once it "
@@ -252,16 +268,7 @@ class StepDriver:
         who = self.name if len(silent) == self.world else \
             f"rank(s) {', '.join(map(str, silent))} of {self.name}"
         self._finish("error", f"no progress from {who} in {self.no_progress_s:.0f} s: "
-                     f"{self._how_to_report()}", give_up=True)
-
-    def _how_to_report(self) -> str:
-        """The one of the three ways to report steps that fits what the script did."""
-        if any(r.readback is not None for r in self.ranks):
-            return ("its Trainer was reached (autotune reports its steps itself) but ran no "
-                    "optimizer step: does training start, with data?")
-        return ("a Hugging Face or Lightning Trainer is reported by autotune itself once its "
-                "Trainer trains (none did); a plain PyTorch loop calls autotune.step() once per "
-                "optimizer step on every rank (and leaves when autotune.should_stop())")
+                     f"{how_to_report(self.ranks, self.reach.reached)}", give_up=True)
 
     def _check_too_slow(self) -> None:
         """Warm-up and one window cannot fit the measuring budget (``protocol.too_slow``,

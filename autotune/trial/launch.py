@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from autotune import bootstrap
 from autotune.bootstrap import TRIAL
@@ -38,14 +38,17 @@ from autotune.trial.output import CappedLog
 from autotune.trial.plans import Nodes, TrialPlan, plan, plan_command
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
 from autotune.trial.progress import forward, measured_span, read_events, read_windows
-from autotune.trial.result import TrialResultDoc
+from autotune.trial.result import RESULT_SCHEMA, TrialResultDoc
 from autotune.trial.spec import TrialSpec
+from autotune.trial.untrusted import Refused, load_file
 
 # What the tuner calls here: the plan (``trial.plans``), its execution, the probe's tools.
 __all__ = ["Monitor", "Nodes", "RawResult", "TrialPlan", "execute", "measured_span", "plan",
            "plan_command", "run_tool"]
 
 STDERR_TAIL_BYTES = 8000
+# The most of a trial's result document (or a tool's) that is read: a window takes ~150 bytes.
+MAX_RESULT = 4 * 1024 * 1024
 # How long an engine's client (srun) may take to end once its trial was ended through the engine.
 ENGINE_END_WAIT_S = 20.0
 
@@ -290,6 +293,8 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
         if tree is not None and now >= next_look:
             next_look = now + 0.25
             tree.look()
+            if driver is not None:
+                driver.look(tree.processes())
         if now - start > p.timeout_s:
             watch.timed_out = True
             return
@@ -316,15 +321,30 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
 
 def _result(p: TrialPlan) -> TrialResultDoc | None:
     """The trial's result document, or, when there is none, the first failure a rank reported
-    on its own (its report sits next to where the result would be)."""
-    if Path(p.result_path).exists():
-        with contextlib.suppress(json.JSONDecodeError, OSError):
-            return json.loads(Path(p.result_path).read_text())
-    docs = []
+    on its own (its report sits next to where the result would be). The trial's process wrote
+    them (a user's workload runs there): read within a size and a depth, and a result that is
+    not a document ends the trial as an error saying so."""
+    try:
+        doc = load_file(p.result_path, max_bytes=MAX_RESULT)
+    except FileNotFoundError:
+        doc = None
+    except (OSError, Refused) as exc:
+        return _unreadable(f"is {exc}" if isinstance(exc, Refused) else f"cannot be read ({exc})")
+    if doc is not None:
+        # Checked further by classify (``check_result``): a document, not yet a valid one.
+        return cast(TrialResultDoc, doc) if isinstance(doc, dict) else \
+            _unreadable("is not a JSON object")
+    docs: list[TrialResultDoc] = []
     for path in _rank_files(p.result_path):
-        with contextlib.suppress(json.JSONDecodeError, OSError):
-            docs.append(json.loads(Path(path).read_text()))
+        with contextlib.suppress(OSError, Refused):
+            if isinstance(rank := load_file(path, max_bytes=MAX_RESULT), dict):
+                docs.append(cast(TrialResultDoc, rank))
     return first_failure(docs)
+
+
+def _unreadable(why: str) -> TrialResultDoc:
+    return {"schema": RESULT_SCHEMA, "status": "error",
+            "reason": f"the trial's result file {why}: not a result autotune's trial writes"}
 
 
 def run_tool(args: list[str], out_path: Path, timeout_s: float,
@@ -352,11 +372,11 @@ def run_tool(args: list[str], out_path: Path, timeout_s: float,
     finally:
         reap(token, proc.pid)
         proc.wait()
-    try:
-        return json.loads(out_path.read_text()), ""
-    except (OSError, json.JSONDecodeError):
-        tail = [ln for ln in output.decode(errors="replace").splitlines() if ln.strip()]
-        return None, f"exit code {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"
+    with contextlib.suppress(OSError, Refused):
+        if isinstance(doc := load_file(out_path, max_bytes=MAX_RESULT), dict):
+            return doc, ""
+    tail = [ln for ln in output.decode(errors="replace").splitlines() if ln.strip()]
+    return None, f"exit code {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"
 
 
 def _with_package(pythonpath: str | None) -> str:

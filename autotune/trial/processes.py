@@ -195,6 +195,12 @@ class Tree:
         self.seen: dict[int, float] = {}
         self.adopting = adopt_orphans()
         self.own = _children()  # started by this process itself (the root among them)
+        self.root_start = _start_time(root)
+
+    def processes(self) -> dict[int, float]:
+        """The root and every process seen below it (pid -> start time)."""
+        root = {self.root: self.root_start} if self.root_start is not None else {}
+        return {**root, **self.seen}
 
     def look(self) -> None:
         roots = [self.root]

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from autotune.trial.result import Window
+from autotune.trial.untrusted import Refused, loads
+
+# The trial's process writes this file (a user's workload runs there): what is read of it is
+# bounded, a line that is not a small JSON object is skipped. An event is a few hundred bytes.
+MAX_EVENT = 64 * 1024
+MAX_FILE = 16 * 1024 * 1024
+# The numbers an event may carry, which the tuner formats and computes with: an event where one
+# is not a finite number (a string, NaN, a bool) is not autotune's, and is skipped.
+_NUMBERS = ("t", "index", "samples", "seconds", "samples_per_sec", "build_s", "data_wait_s",
+            "comm_wait_s")
 
 
 def _line(event: str, data: dict[str, Any]) -> str:
@@ -39,16 +49,28 @@ def append(path: str, event: str, **data: Any) -> None:
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
-    """The trial's progress events so far: whole lines only (the last may be half written)."""
+    """The trial's progress events so far: whole lines only (the last may be half written), the
+    file's first ``MAX_FILE`` bytes, objects only."""
     try:
-        lines = Path(path).read_text().split("\n")[:-1]
+        with open(path, "rb") as f:
+            lines = f.read(MAX_FILE).split(b"\n")[:-1]
     except OSError:
         return []
     events = []
     for line in lines:
-        with contextlib.suppress(json.JSONDecodeError):
-            events.append(json.loads(line))
+        with contextlib.suppress(Refused):
+            event = loads(line, max_bytes=MAX_EVENT)
+            if _well_formed(event):
+                events.append(event)
     return events
+
+
+def _well_formed(event: Any) -> bool:
+    """An object whose kind is a string and whose numbers are finite numbers."""
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        return False
+    return all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+               for v in (event[k] for k in _NUMBERS if k in event))
 
 
 def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
@@ -62,10 +84,11 @@ def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
 
 def read_windows(path: str) -> list[Window]:
     """The windows a trial reported so far (a killed trial's partial measurement). An event
-    without its samples and seconds is no window (the folder is writable by a script)."""
+    without its samples and seconds, or with either not above 0, is no window (the folder is
+    writable by a script)."""
     windows: list[Window] = []
     for e in read_events(path):
-        if e.get("event") == "window" and "samples" in e and "seconds" in e:
+        if e.get("event") == "window" and e.get("samples", 0) > 0 and e.get("seconds", 0) > 0:
             window: Window = {"samples": e["samples"], "seconds": e["seconds"]}
             for key in ("data_wait_s", "comm_wait_s"):
                 if key in e:

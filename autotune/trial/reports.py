@@ -1,14 +1,14 @@
 """Reading what a script's trial reports: each rank's step file (``autotune.steps`` writes it),
-tailed line by line and checked as untrusted input. A line that is not autotune's, a step out of
-order, an end time that is not finite, goes back, precedes the trial or lies in the future, or a
-count that is not a whole number stops the reading of that rank with the reason (``bad``); the
-driver ends the trial on it, naming the step. A loss the script reported as not finite is kept
-as ``diverged``.
+tailed line by line and checked as untrusted input. A line that is not autotune's (longer than
+``MAX_LINE``, nested too deep, not JSON), a step out of order, an end time that is not finite,
+goes back, precedes the trial or lies in the future, a count that is not a whole number, or
+steps of two processes in one rank's file stop the reading of that rank with the reason
+(``bad``); the driver ends the trial on it, naming the step. A loss the script reported as not
+finite is kept as ``diverged``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.config.knobs import KNOBS
 from autotune.trial.result import ReadbackDoc
+from autotune.trial.untrusted import Refused, loads
 
 # The shortest optimizer step a report may claim: reporting one step (``autotune.step()``)
 # costs ~3 us (benchmarks/step_cost.py), so end times closer than this were not measured.
@@ -27,6 +28,11 @@ MIN_STEP_S = 20e-6
 FUTURE_SLACK_S = 2.0
 # The profile method names a script's access lines may carry (``Profile`` methods).
 _ACCESS_NAME = re.compile(r"[a-z_]{1,40}")
+# The longest line a step file may hold: a step is ~60 bytes, the bootstrap's read-back a few
+# KB. Past it, a line is not autotune's, and an unfinished one is not kept growing.
+MAX_LINE = 64 * 1024
+# How much of a step file is read at a time (the tuner's memory, whatever the script writes).
+_CHUNK = 1 << 20
 
 
 # What a read-back line may hold (``autotune.bootstrap``): knob and field names, short
@@ -45,9 +51,9 @@ def check_readback(doc: Any, rank: int) -> ReadbackDoc:
             raise bad(f"{where} is not a short line of text")
         return value
 
-    def names(value: Any, where: str, known: bool) -> list[str]:
-        if not isinstance(value, list | dict) or len(value) > _MAX_ITEMS:
-            raise bad(f"{where} is not a list of names")
+    def names(value: Any, where: str, known: bool, keyed: bool = False) -> list[str]:
+        if not isinstance(value, dict if keyed else list) or len(value) > _MAX_ITEMS:
+            raise bad(f"{where} is not a {'table' if keyed else 'list'} of names")
         for name in value:
             if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name) or (
                     known and name not in KNOBS):
@@ -55,7 +61,7 @@ def check_readback(doc: Any, rank: int) -> ReadbackDoc:
         return list(value)
 
     def plain(value: Any, where: str) -> dict[str, bool | int | float | str | None]:
-        names(value, where, known=True)
+        names(value, where, known=True, keyed=True)
         for v in value.values():
             if not (v is None or isinstance(v, bool | int | str)
                     or (isinstance(v, float) and math.isfinite(v))) \
@@ -66,7 +72,7 @@ def check_readback(doc: Any, rank: int) -> ReadbackDoc:
     if not isinstance(doc, dict):
         raise bad("it is not a document")
     fixed = doc.get("fixed", {})
-    names(fixed, "fixed", known=True)
+    names(fixed, "fixed", known=True, keyed=True)
     return {"via": text(doc.get("via"), "via"),
             "applied": names(doc.get("applied", []), "applied", known=True),
             "fixed": {k: text(v, f"the reason for {k}") for k, v in fixed.items()},
@@ -135,18 +141,23 @@ class RankReports:
     bad: str | None = None  # the first report that cannot be trusted; nothing after it is read
     diverged: str | None = None  # the step whose loss the script reported as not finite
     lines: int = 0
+    pids: list[int] = field(default_factory=list)  # the processes that began reporting here
 
     def read(self, since: float) -> None:
-        """New whole lines since the last read (tailed by offset: a long run has many)."""
+        """New whole lines since the last read (tailed by offset: a long run has many), a
+        chunk at a time: what the script writes never sits whole in the tuner's memory."""
         if self.bad is not None:
             return
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                while self.bad is None and (data := f.read(_CHUNK)):
+                    self.offset += len(data)
+                    self._lines(data, since)
         except OSError:
             return
-        self.offset += len(data)
+
+    def _lines(self, data: bytes, since: float) -> None:
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
         now = time.time()
@@ -157,12 +168,16 @@ class RankReports:
             except BadReport as exc:
                 self.bad = f"{exc} ({self.path.name}, line {self.lines})"
                 return
+        if len(self.partial) > MAX_LINE:
+            self.bad = (f"rank {self.index} wrote more than {MAX_LINE // 1024} KiB without a line "
+                        f"end, not a step report ({self.path.name}, line {self.lines + 1})")
+            self.partial = b""
 
     def _take(self, line: bytes, since: float, now: float) -> None:
         try:
-            e = json.loads(line)
-        except ValueError:
-            raise BadReport(f"rank {self.index} wrote a line that is not JSON: "
+            e = loads(line, max_bytes=MAX_LINE)
+        except Refused as exc:
+            raise BadReport(f"rank {self.index} wrote a line that is {exc}: "
                             f"{line[:80]!r}") from None
         if not isinstance(e, dict):
             raise BadReport(f"rank {self.index} wrote {str(e)[:80]!r}, not a step report")
@@ -171,7 +186,7 @@ class RankReports:
                              last_end=self.ends[-1] if self.ends else None, since=since,
                              now=now)
             if why:
-                raise BadReport(why)
+                raise BadReport(self._two_writers(why) or why)
             self.ends.append(float(e["t"]))
             self.samples.append(int(e["n"]))
             self.waits.append(float(e["d"]) if "d" in e else None)
@@ -195,8 +210,22 @@ class RankReports:
                 raise BadReport(f"rank {self.index} reported a profile method {name!r}")
             if name not in self.accessed:
                 self.accessed.append(name)
-        elif "start" not in e:
+        elif "start" in e:  # a process began reporting as this rank
+            pid = e.get("pid")
+            if isinstance(pid, int) and not isinstance(pid, bool) and pid not in self.pids:
+                self.pids.append(pid)
+        else:
             raise BadReport(f"rank {self.index} wrote {str(e)[:80]!r}, not a step report")
+
+    def _two_writers(self, why: str) -> str | None:
+        """What a bad step means when another process began reporting as this rank after the
+        first (the file holds a start line of each): not a step out of order."""
+        if len(self.pids) < 2:
+            return None
+        pids = " and ".join(map(str, self.pids[:2]))
+        return (f"two processes (pids {pids}) reported steps as rank {self.index} ({why}): "
+                "a Python process nested in the trial trains too, or the rank started again; "
+                "a trial measures one training process per rank")
 
 
 # -- the trial's steps: all ranks' reports together -----------------------------------------------

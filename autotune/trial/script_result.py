@@ -17,6 +17,20 @@ from autotune.trial.reports import MIN_STEP_S, RankReports, trial_end
 from autotune.trial.result import RankSummary, Timings, Window
 
 
+def how_to_report(ranks: Sequence[RankReports], reached: int) -> str:
+    """The one of the three ways to report steps that fits what a script that reported none
+    did, and what the bootstrap saw (``reached``: the Python processes it hooked; only that: a
+    Trainer in a process it did not reach is unseen)."""
+    if any(r.readback is not None for r in ranks):
+        return ("its Trainer was reached (autotune reports its steps itself) but ran no "
+                "optimizer step: does training start, with data?")
+    seen = (f"none began training in the {reached} Python process(es) autotune's bootstrap "
+            "reached" if reached else "autotune's bootstrap reached no Python process of it")
+    return ("a Hugging Face or Lightning Trainer is reported by autotune itself once its "
+            f"Trainer trains ({seen}); a plain PyTorch loop calls autotune.step() once per "
+            "optimizer step on every rank (and leaves when autotune.should_stop())")
+
+
 def timings(ranks: Sequence[RankReports], started: float, warm_end: int,
             measured_end: int) -> Timings:
     """Start-up (to the end of step 1: the script's imports, build and first step), warm-up,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 import statistics
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,10 @@ def _refuse_edited(command: Command, params: dict[str, object]) -> None:
                      "it as it is now")
 
 
+class UntrackedWarning(UserWarning):
+    """The profile's command is identified by less than its script (``Command.untracked``)."""
+
+
 def check_profile(profile: Profile, *, rounds: int, threshold: float,
                   trial_timeout_s: float = 600.0,
                   on_round: Callable[[int, Measurement], None] | None = None,
@@ -145,6 +150,8 @@ def check_profile(profile: Profile, *, rounds: int, threshold: float,
         workload, profile.config, hw.device, measure_settings(profile),
         memory_limit_bytes=profile.result.get("memory_limit_bytes"))
     command = parse_command(script_command(profile)) if workload.spec == "command" else None
+    if command is not None and command.untracked:
+        warnings.warn(command.untracked, UntrackedWarning, stacklevel=2)
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         for r in range(rounds):
             workdir = Path(tmp) / str(r + 1)

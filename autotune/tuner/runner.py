@@ -138,6 +138,8 @@ class Runner(TrialSteps):
             self.budget_text(), len(self._read().measured), self.out_dir,
             self.opts.trials, self.opts.timeout_s))
         deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
+        if self.command is not None and self.command.untracked:
+            self.reporter.note(self.command.untracked)
         self._start_executor()
         self._probe_machine()
         interrupted, stop_reason = self._slot_trials(deadline)

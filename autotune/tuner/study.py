@@ -195,7 +195,8 @@ def _refuse_other_script(name: str, stored: dict[str, Any], workload: WorkloadSp
     if old.get("command") != new.get("command"):
         raise UsageError(f"study {name} tunes the command {shlex.join(old.get('command') or [])!r}"
                          f", not {shlex.join(new['command'])!r}; pass another --study name")
-    if old.get("script_sha256") != new.get("script_sha256"):
+    # A study from before its command's file was tracked (a wrapper's) resumes as it did then.
+    if old.get("script_sha256") not in (None, new.get("script_sha256")):
         raise UsageError(f"{new.get('script')} changed since study {name} measured it (sha256 "
                          f"{str(old.get('script_sha256'))[:12]} then, "
                          f"{str(new.get('script_sha256'))[:12]} now): its trials measured the "

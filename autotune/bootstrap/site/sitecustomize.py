@@ -2,7 +2,13 @@
 CMD`` and of ``autotune launch``. It hooks the training frameworks as the script imports them
 (``autotune.bootstrap.hooks``), in a process that may train, and then runs the
 ``sitecustomize`` it shadows, if there is one. Standard library only until a hooked framework
-is imported."""
+is imported.
+
+In a trial, each Python process it reaches says so first (``_mark``): a file named for its pid
+in the trial's ``reached/`` folder, ``ok`` or why it could not hook. A forked child (no
+interpreter start) is marked by the fork itself. The tuner ends a trial in which a Python
+process runs without a mark (``python -I``, a cleared environment, another Python): unhooked,
+it would train with the user's outputs, checkpoints and trackers."""
 
 import os
 import sys
@@ -20,15 +26,46 @@ def _may_train() -> bool:
     return not any("compile_worker" in a for a in argv)
 
 
+# The folder of a trial's marks (``autotune.trial.reach`` reads it), in the trial's folder.
+REACHED = "reached"
+
+
+def _mark(status: str) -> None:
+    """Say that the bootstrap reached this process of a trial (``ok``) or why it is idle."""
+    folder = os.environ.get("AUTOTUNE_TRIAL_DIR")
+    if os.environ.get("AUTOTUNE_BOOTSTRAP") != "trial" or not folder:
+        return
+    path = os.path.join(folder, REACHED, str(os.getpid()))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(status[:300])
+        os.replace(path + ".tmp", path)  # whole: the tuner never reads half a mark
+    except OSError:
+        pass  # the trial's folder is gone: the tuner ends the trial on that
+
+
+def _reached() -> None:
+    """Mark this process, and every child it forks (loader workers, a compile worker's pool):
+    a fork is no interpreter start, so this file does not run in it."""
+    _mark("ok")
+    os.register_at_fork(after_in_child=lambda: _mark("ok"))
+
+
 def _install() -> None:
-    if not os.environ.get("AUTOTUNE_BOOTSTRAP") or not _may_train():
+    if not os.environ.get("AUTOTUNE_BOOTSTRAP"):
+        return
+    if not _may_train():
+        _reached()  # it never trains: nothing to hook
         return
     try:
         from autotune.bootstrap import hooks
     except ImportError as exc:  # this python cannot import autotune: the script runs as is
         print(f"autotune: the bootstrap cannot import autotune ({exc}); the script runs "
               "without it", file=sys.stderr)
+        _mark(f"{sys.executable} cannot import autotune ({exc})")
         return
+    _reached()
     hooks.install()
 
 

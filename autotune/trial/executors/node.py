@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -25,8 +24,9 @@ import time
 from pathlib import Path
 
 from autotune.trial.executors import SPEC_ENV
-from autotune.trial.executors.relay import line
+from autotune.trial.executors.relay import MAX_LINE, line
 from autotune.trial.processes import TRIAL_TOKEN, new_token, reap
+from autotune.trial.untrusted import Refused, load_file, loads
 
 POLL_S = 0.2
 
@@ -41,14 +41,16 @@ class _Progress:
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(4 * MAX_LINE)
         except OSError:
             return
         end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) > MAX_LINE:
+            end = len(data)  # no line end in a line's length: not an event, skipped
         for raw in data[:end].splitlines():
             try:
-                event = json.loads(raw)
-            except json.JSONDecodeError:
+                event = loads(raw, max_bytes=MAX_LINE)
+            except Refused:
                 continue
             _send(line("progress", doc=event))
         self.offset += end
@@ -63,17 +65,14 @@ def _send(text: str) -> None:
 
 
 def _send_files(result: Path) -> None:
-    try:
-        doc = json.loads(result.read_text())
+    with contextlib.suppress(OSError, Refused):
+        doc = load_file(result, max_bytes=MAX_LINE)
         if isinstance(doc, dict):
             _send(line("result", doc=doc))
-    except (OSError, json.JSONDecodeError):
-        pass
     for path in sorted(result.parent.glob(result.name + ".rank*")):
-        try:
-            _send(line("rank", rank=path.name.rsplit(".", 1)[1], doc=json.loads(path.read_text())))
-        except (OSError, json.JSONDecodeError):
-            continue
+        with contextlib.suppress(OSError, Refused):
+            _send(line("rank", rank=path.name.rsplit(".", 1)[1],
+                       doc=load_file(path, max_bytes=MAX_LINE)))
 
 
 def main(flags: list[str]) -> int:

@@ -7,8 +7,9 @@ own and sends what they hold as lines on its stdout: ``@autotune {"kind": ..., .
 into the trial's folder, as a local trial would have written it. Everything else the trial prints
 goes to stderr, the trial's log.
 
-What crosses here is the trial's word, not trusted: a line is parsed as JSON only, within a size,
-and written to one of three fixed names in the trial's folder; nothing in it names a path.
+What crosses here is the trial's word, not trusted: a line is parsed as JSON only, within a size
+and a nesting depth (``trial.untrusted``), and written to one of three fixed names in the
+trial's folder; nothing in it names a path.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import re
 import threading
 from pathlib import Path
 from typing import IO, Any
+
+from autotune.trial.untrusted import Refused, loads
 
 MARK = "@autotune "
 MAX_LINE = 1 << 20  # a progress event or a result document is a few KB
@@ -49,8 +52,8 @@ class Relay:
                     self.refused += text.startswith(MARK)
                     continue
                 try:
-                    doc = json.loads(text[len(MARK):])
-                except json.JSONDecodeError:
+                    doc = loads(raw[len(MARK):], max_bytes=MAX_LINE)
+                except Refused:
                     self.refused += 1
                     continue
                 if not isinstance(doc, dict) or not self._write(doc):

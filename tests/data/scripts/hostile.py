@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +29,17 @@ def raw(folder: str, doc: dict[str, object]) -> None:
     script could put there."""
     with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
         f.write(json.dumps(doc) + "\n")
+
+
+# Lines no autotune.step() writes, for --behave KEY: nesting that Python's parser recurses into
+# (200,000 levels once ended the tuner; 5,000 fit in a line's length), a read-back whose tables
+# are lists, and 1 MiB with no line end (300 MB of it grew the tuner to 640 MB).
+LINES = {
+    "deep-array": "[" * 200_000 + "]" * 200_000 + "\n",
+    "deep-object": '{"k": ' * 5_000 + "1" + "}" * 5_000 + "\n",
+    "list-readback": json.dumps({"k": {"via": "Trainer", "fixed": ["amp"]}}) + "\n",
+    "no-line-end": "x" * (1 << 20),
+}
 
 
 def main() -> None:
@@ -55,6 +67,15 @@ def main() -> None:
         sys.stdout.flush()
     batch = profile.micro_batch_size * profile.accumulation_steps
     folder = os.environ.get("AUTOTUNE_TRIAL_DIR", "")
+    if behave == "children":
+        # A forked child and a spawned one, alive through the trial: loader workers' kinds.
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        import multiprocessing
+
+        multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,),
+                                                     daemon=True).start()
     frozen = 0.0
     for step in range(1, args.steps + 1):
         time.sleep(0.01)
@@ -74,12 +95,24 @@ def main() -> None:
             autotune.step(batch, data_s=math.nan)
         elif behave == "nan-loss":
             autotune.step(batch, loss=math.nan if step >= 5 else 0.5)
+        elif behave in LINES and step == 5:
+            with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
+                f.write(LINES[behave])
+            time.sleep(60)
+        elif behave == "nested" and step == 5:
+            # A second training process of this rank: a python the script starts.
+            subprocess.Popen([sys.executable, __file__, "--behave", "ok"])
+            autotune.step(batch)
         elif behave == "not-json" and step == 5:
             raw(folder, {"s": step, "t": time.time(), "n": batch})
             with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
                 f.write("{not json\n")
         else:
             autotune.step(batch)
+        if behave == "late-write" and step == 1000:
+            # What an unhooked Trainer does after a while: write into the user's folder.
+            with open("checkpoint.pt", "w") as f:
+                f.write("weights")
         if step == 1:
             frozen = time.time()
         if autotune.should_stop():
