@@ -54,23 +54,36 @@ def profile_show(path: ProfileArg, debug: Debug = False, hf_args: Annotated[bool
     typer.echo("\n".join(shown(line) for line in lines))
 
 
+# Always printed, even at TrainingArguments' default: they set the samples per optimizer
+# step every figure of the profile was measured at, so they win over a script's own.
+STEP_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
 def hf_flags(profile: Profile) -> str:
-    """The profile's TrainingArguments as command-line flags (for HfArgumentParser), only the
-    fields autotune tunes, quoted for a shell; a knob no flag reaches is named on a comment
-    line. `autotune launch` applies all of them without flags."""
+    """The profile's TrainingArguments as command-line flags (for HfArgumentParser), quoted
+    for a shell, to paste after a script's own: only the fields autotune tunes, and of those
+    only values TrainingArguments' own defaults would not give (the batch and accumulation
+    always). Never ``--optim``: it would replace the script's optimizer; the optimizer
+    implementation and the other knobs no flag reaches are named on comment lines.
+    `autotune launch` applies all of them without flags."""
     import json
     import shlex
 
-    from autotune.integrations.hf import training_args
+    from autotune.integrations.hf import field_defaults, training_args
 
+    defaults = field_defaults()
     flags = []
     for name, value in training_args(profile).items():
+        default = defaults.get(name, object())
+        if name == "optim" or (name not in STEP_FIELDS and type(value) is type(default)
+                               and value == default):
+            continue
         text = json.dumps(value) if isinstance(value, dict) else str(value)
         flags.append(f"--{name} {shlex.quote(text)}")
     lines = [" ".join(flags)]
-    if profile.config.optimizer_impl in ("foreach", "for-loop"):
-        lines.append(f"# optimizer_impl={profile.config.optimizer_impl}: no TrainingArguments "
-                     "flag sets it; `autotune launch` does")
+    optimizer = _optimizer_note(profile)
+    if optimizer:
+        lines.append(optimizer)
     if profile.config.attention != "default":
         lines.append(f"# attention={profile.config.attention}: pass attn_implementation= where "
                      "the script builds its model; `autotune launch` sets it on the Trainer's")
@@ -78,6 +91,25 @@ def hf_flags(profile: Profile) -> str:
         lines.append(f"# cpu_threads={profile.config.cpu_threads}: OMP_NUM_THREADS="
                      f"{profile.config.cpu_threads} in the environment, or `autotune launch`")
     return "\n".join(lines)
+
+
+def _optimizer_note(profile: Profile) -> str | None:
+    """The comment line on the profile's optimizer implementation (None: it keeps the
+    optimizer's own). A flag for it would be ``--optim``, which also sets the class."""
+    from autotune.integrations.hf import field_defaults, optim_name
+
+    impl = profile.config.optimizer_impl
+    if impl == "default":
+        return None
+    if impl != "fused":
+        return f"# optimizer_impl={impl}: no TrainingArguments flag sets it; `autotune launch` does"
+    if optim_name(profile) == field_defaults().get("optim"):
+        return ("# optimizer_impl=fused: TrainingArguments' default optim, adamw_torch_fused, "
+                "is it; for your own --optim, `autotune launch` sets fused= where that "
+                "optimizer takes it")
+    return ("# optimizer_impl=fused: add --optim adamw_torch_fused if the script steps AdamW "
+            "(not printed: it would replace your own --optim); `autotune launch` sets fused= "
+            "on any optimizer that takes it")
 
 
 @profile_app.command("env")

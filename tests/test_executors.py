@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from autotune.trial.executors import SPEC_ENV, relay, slurm
 from autotune.trial.launch import plan
 from autotune.trial.spec import TrialSpec
 from autotune.workloads import WorkloadSpec
+from tests.conftest import autotune
 
 
 def test_what_the_allocation_says() -> None:
@@ -117,3 +120,28 @@ def test_a_lost_node_is_not_a_result() -> None:
     other = classify(RawResult(returncode=LOST_EXIT, timed_out=False, result=None, wall_s=9.0,
                                stderr_tail="exit 75\n"))
     assert other.ended_by != NODE_LOST
+
+
+@pytest.mark.slow  # Ray gives up on the address after a few seconds
+def test_ray_at_a_closed_port_says_what_it_waits_for_before_it_fails(tmp_path: Path) -> None:
+    if os.environ.get("CI"):
+        import ray  # noqa: F401 - CI installs Ray with the dev extra: fail, never skip
+    else:
+        pytest.importorskip("ray")
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    # Ray's own settings, so that it gives up on the address in seconds, not minutes.
+    quick = {"RAY_gcs_server_port_wait_time_s": "1", "RAY_py_gcs_connect_timeout_s": "2",
+             "RAY_gcs_rpc_server_connect_timeout_s": "1"}
+    out = autotune("run", "--model", "mlp", "--executor", "ray", "--nnodes", "2",
+                   "--storage", f"sqlite:///{tmp_path}/s.db", "--no-probe", cwd=tmp_path,
+                   env={"RAY_ADDRESS": address, **quick}, timeout=240)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines[-1] == (
+        f"autotune: error: --executor ray: no Ray cluster answers at {address}: start one "
+        "(`ray start --head` here, `ray start --address HEAD:6379` on each other node) or set "
+        "RAY_ADDRESS"), out.stderr
+    waiting = [line for line in lines[:-1] if line.startswith("autotune: asking the Ray")]
+    assert waiting == [f"autotune: asking the Ray cluster at {address} for its nodes, for up "
+                       "to 120s (RAY_ADDRESS sets the address; Ctrl-C stops)"], out.stderr

@@ -4,13 +4,16 @@ and what took effect read back from torch, the model and the optimizer."""
 
 from __future__ import annotations
 
+import json
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow
-from autotune.errors import WorkloadError
+from autotune.errors import ProfileError, WorkloadError
 from autotune.testing.hardware import fake_cpu, fake_gpus
 from autotune.trial.launch import execute, plan
 from autotune.trial.measurement import COMPILE_LIMIT, classify
@@ -18,6 +21,8 @@ from autotune.trial.spec import MeasureSettings, TrialSpec
 from autotune.tuner.record import StudyFacts, TrialRecord, read_trial
 from autotune.tuner.snapshot import StudySnapshot
 from autotune.workloads import WorkloadSpec, declared_knobs, resolve
+from tests.conftest import autotune
+from tests.test_profile import make
 
 QUICK = MeasureSettings(min_window_s=0.1, max_seconds=4, target_cv=0.5, min_windows=2)
 
@@ -212,3 +217,48 @@ def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
     v = read_trial(t)
     assert v is not None and v.predicted and v.predicted_kind == "oversubscribed"
     assert v.reason == why
+
+
+# A plain PyTorch script applying a profile: a torch.nn.Module has neither
+# set_attn_implementation nor gradient_checkpointing_enable.
+PLAIN_SCRIPT = """
+import json, torch, autotune
+model = autotune.load_profile().prepare_model(torch.nn.Linear(4, 1))
+model(torch.randn(2, 4)).sum().backward()
+print(json.dumps({"model": type(model).__name__, "trained": model.weight.grad is not None}))
+"""
+
+
+def test_launch_leaves_off_the_model_knobs_a_plain_module_cannot_take(tmp_path: Path) -> None:
+    """Attention and checkpointing alike: one "not applied" line each (as a Trainer's model
+    gets), and the script trains on."""
+    profile = replace(make(), config=Config(attention="sdpa", activation_checkpointing=True))
+    path = profile.save(tmp_path / "profile.yaml")
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN_SCRIPT)
+    out = autotune("launch", str(path), "--", sys.executable, str(script), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"model": "Linear", "trained": True}
+    said = [line for line in out.stderr.splitlines() if line.startswith("autotune: not applied")]
+    assert said == [
+        "autotune: not applied: attention=sdpa needs a transformers model "
+        "(set_attn_implementation); Linear has none",
+        "autotune: not applied: activation_checkpointing=true needs a transformers model "
+        "(gradient_checkpointing_enable); Linear has none"], out.stderr
+
+
+def test_a_trial_never_measures_a_model_knob_its_model_cannot_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in loop (``apply.prepare_model``) and a script's trial refuse it: the trial
+    ends with the reason instead of measuring a config it did not run."""
+    import torch
+
+    from autotune import steps
+    from autotune.trial.apply import prepare_model
+
+    config = Config(activation_checkpointing=True)
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        prepare_model(torch.nn.Linear(4, 1), config)
+    monkeypatch.setattr(steps, "in_trial", lambda: True)
+    with pytest.raises(ProfileError, match="activation_checkpointing"):
+        replace(make(), config=config).prepare_model(torch.nn.Linear(4, 1))

@@ -309,3 +309,55 @@ def test_the_model_knobs_reach_a_training_script_through_the_profile(tmp_path: P
     assert args.torch_compile and args.activation_checkpointing
     assert str(args.optim.value) == "adamw_torch_fused"
     assert kwargs["activation_checkpointing_kwargs"] == {"use_reentrant": False}
+
+
+def _pasted(profile: Profile, own: list[str], tmp_path: Path) -> tuple[object, str]:
+    """What HfArgumentParser makes of a script's ``own`` flags with ``profile show --hf-args``
+    pasted after them, and the printed text."""
+    import shlex
+
+    from transformers import HfArgumentParser, TrainingArguments
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    path = profile.save(tmp_path / "profile.yaml")
+    shown = CliRunner().invoke(app, ["profile", "show", "--hf-args", str(path)])
+    assert shown.exit_code == 0, shown.output
+    flags = shown.stdout.splitlines()[0]
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        args=[*own, *shlex.split(flags), "--output_dir", str(tmp_path / "out")])
+    return args, shown.stdout
+
+
+def test_hf_args_keep_the_trainers_optimizer_and_its_defaults(tmp_path: Path) -> None:
+    """A profile that kept the optimizer's own implementation moves neither the Trainer's
+    default optimizer nor a script's own; flags at TrainingArguments' defaults are left out,
+    but for the batch and accumulation (the samples per step the profile measured)."""
+    from transformers import TrainingArguments
+
+    kept = replace(make(), config=Config(micro_batch_size=8, pin_memory=True))
+    kwargs = kept.hf_training_args()
+    assert "optim" not in kwargs, kwargs
+    own_default = TrainingArguments(output_dir=str(tmp_path)).optim
+    assert TrainingArguments(output_dir=str(tmp_path), **kwargs).optim == own_default
+    args, shown = _pasted(kept, [], tmp_path)
+    assert args.optim == own_default and "--optim" not in shown and "optimizer_impl" not in shown
+    assert "--dataloader_pin_memory" not in shown and "--bf16" not in shown  # the defaults
+    assert "--per_device_train_batch_size 8" in shown
+    args, _ = _pasted(kept, ["--optim", "adafactor", "--per_device_train_batch_size", "32"],
+                      tmp_path)
+    assert (args.optim, args.per_device_train_batch_size) == ("adafactor", 8)
+
+
+def test_hf_args_name_a_fused_optimizer_without_replacing_the_scripts(tmp_path: Path) -> None:
+    fused = replace(make(), config=Config(optimizer_impl="fused"))
+    args, shown = _pasted(fused, ["--optim", "adafactor"], tmp_path)
+    assert args.optim == "adafactor" and "--optim" not in shown.splitlines()[0]
+    (note,) = [line for line in shown.splitlines() if "optimizer_impl" in line]
+    assert note.startswith("# optimizer_impl=fused: ") and "`autotune launch`" in note
+    # In code, an AdamW Trainer steps fused (TrainingArguments' own default, or optim=).
+    from transformers import TrainingArguments
+
+    built = TrainingArguments(output_dir=str(tmp_path), **fused.hf_training_args())
+    assert str(getattr(built.optim, "value", built.optim)) == "adamw_torch_fused"

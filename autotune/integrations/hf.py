@@ -14,6 +14,8 @@ Outside a trial the callback does nothing: the script stays the production scrip
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import math
 import time
@@ -31,9 +33,10 @@ def training_args(profile: Profile) -> dict[str, Any]:
     """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
     accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
     profile tuned on a CPU and, with ranks, the DDP bucket size and static graph; compiling,
-    TF32, the AdamW implementation and activation checkpointing as the trials ran them.
-    (TrainingArguments has no gradient-view option.) Keys vary with the transformers version:
-    a dict, not a fixed type."""
+    TF32 and activation checkpointing as the trials ran them; ``optim`` only where AdamW needs
+    another name than TrainingArguments' default to step as the profile's ``optimizer_impl``
+    (``optim_name``). (TrainingArguments has no gradient-view option.) Keys vary with the
+    transformers version: a dict, not a fixed type."""
     c = profile.config
     kwargs: dict[str, Any] = {
         "per_device_train_batch_size": c.micro_batch_size,
@@ -58,13 +61,37 @@ def training_args(profile: Profile) -> dict[str, Any]:
             kwargs["torch_compile_mode"] = c.compile
     if c.matmul_precision == "high":
         kwargs["tf32"] = True
-    # AdamW as the trials stepped it (the Trainer's own default is the fused one).
-    kwargs["optim"] = "adamw_torch_fused" if c.optimizer_impl == "fused" else "adamw_torch"
+    # No optim where TrainingArguments' default already steps as tuned, or where the profile
+    # kept the optimizer's own implementation: the Trainer's own default (adamw_torch_fused
+    # with torch 2.8 or newer) and a script's own optim= stand.
+    optim = optim_name(profile)
+    if optim is not None and optim != field_defaults().get("optim"):
+        kwargs["optim"] = optim
     if c.activation_checkpointing:
         name = _checkpointing_name()
         kwargs[name] = True
         kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
     return kwargs
+
+
+def optim_name(profile: Profile) -> str | None:
+    """The TrainingArguments ``optim`` that steps AdamW as the profile's ``optimizer_impl``;
+    None where the profile keeps the optimizer's own implementation, or where no name reaches
+    it on the profile's device. (torch's AdamW given neither ``foreach`` nor ``fused``, which
+    ``adamw_torch`` builds, steps foreach on a GPU and the for-loop on a CPU.)"""
+    impl = profile.config.optimizer_impl
+    if impl == "fused":
+        return "adamw_torch_fused"
+    torch_picks = "for-loop" if profile.fingerprint.get("device") == "cpu" else "foreach"
+    return "adamw_torch" if impl == torch_picks else None
+
+
+@functools.cache
+def field_defaults() -> dict[str, Any]:
+    """The installed TrainingArguments' own default of each field that has one (``optim``'s
+    depends on the torch version)."""
+    return {f.name: f.default for f in dataclasses.fields(TrainingArguments)
+            if f.default is not dataclasses.MISSING}
 
 
 def _checkpointing_name() -> str:

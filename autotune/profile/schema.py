@@ -9,6 +9,7 @@ first use in a trial of ``autotune run -- CMD`` (``steps.accessed``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, MutableMapping
@@ -36,6 +37,7 @@ from autotune.trial.apply import (
     compile_model,
     ddp_kwargs,
     loader_kwargs,
+    model_knobs_refused,
     optimizer_kwargs,
     prepare_model,
     rebuild_optimizer,
@@ -224,9 +226,22 @@ class Profile:
         """The model as the trials ran it: its attention implementation and activation
         checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
         DDP, wrap what this returns, as the trials do (compiling around DDP can leave a
-        ``torch.nn`` model uncompiled). Returns the model to train."""
+        ``torch.nn`` model uncompiled). Returns the model to train.
+
+        A knob the model has no way to take (attention or checkpointing on a plain
+        ``torch.nn.Module``) stays off, with an ``autotune: not applied: ...`` line on
+        stderr, as ``autotune launch`` says of a Trainer's model. In a trial of ``autotune
+        run -- CMD`` it is a ``ProfileError`` instead: a trial must not measure a config it
+        did not run."""
+        config = self.config
+        refused = model_knobs_refused(model, config)
+        if refused and not steps.in_trial():
+            for why in refused.values():
+                steps.note_once(f"autotune: not applied: {why}")
+            baseline = Config()  # the defaults are the baseline: the knob left off
+            config = dataclasses.replace(config, **{k: getattr(baseline, k) for k in refused})
         try:
-            model = prepare_model(model, self.config)
+            model = prepare_model(model, config)
         except ValueError as exc:
             raise ProfileError(str(exc)) from None
         return self.compile_model(model) if compile else model
@@ -243,8 +258,10 @@ class Profile:
         """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
         accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
         profile tuned on a CPU and, with ranks, the DDP bucket size and static graph; compiling,
-        TF32, the AdamW implementation and activation checkpointing as the trials ran them
-        (``autotune.integrations.hf.training_args``)."""
+        TF32 and activation checkpointing as the trials ran them; ``optim`` only where AdamW
+        needs another name than TrainingArguments' default to step as tuned (else the
+        default, or your own ``optim=``, stands; ``autotune launch`` sets the implementation
+        on whichever optimizer the Trainer builds) (``autotune.integrations.hf.training_args``)."""
         from autotune.integrations.hf import training_args
 
         return training_args(self)

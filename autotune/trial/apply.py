@@ -129,30 +129,52 @@ def attention_refused(attention: str, model: Any = None) -> str | None:
     return None
 
 
+def model_knobs_refused(model: Any, config: Config) -> dict[str, str]:
+    """The model knobs ``config`` sets that ``model`` has no way to take, each with why:
+    attention without ``set_attn_implementation``, checkpointing without
+    ``activation_checkpointing_enable`` / ``gradient_checkpointing_enable`` (a plain
+    ``torch.nn.Module``). Empty when the model can take them all."""
+    name = type(model).__name__
+    refused: dict[str, str] = {}
+    if config.attention != "default" and getattr(model, "set_attn_implementation", None) is None:
+        refused["attention"] = (f"attention={config.attention} needs a transformers model "
+                                f"(set_attn_implementation); {name} has none")
+    if config.activation_checkpointing and _checkpointing_enable(model) is None:
+        refused["activation_checkpointing"] = (
+            "activation_checkpointing=true needs a transformers model "
+            f"(gradient_checkpointing_enable); {name} has none")
+    return refused
+
+
+def _checkpointing_enable(model: Any) -> tuple[str, Any] | None:
+    """The model's method that turns checkpointing on, with its keyword's prefix:
+    transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_*."""
+    for prefix in ("activation", "gradient"):
+        enable = getattr(model, f"{prefix}_checkpointing_enable", None)
+        if enable is not None:
+            return prefix, enable
+    return None
+
+
 def prepare_model(model: Any, config: Config) -> Any:
     """The attention implementation and activation checkpointing a config sets, applied to a
     transformers model (or one with the same two methods); the model itself is returned.
-    Compile comes after (``compile_model``), before any DDP wrapping."""
+    A knob the model cannot take is a ValueError (``model_knobs_refused``): a trial must not
+    measure a config it did not run. Compile comes after (``compile_model``), before any DDP
+    wrapping."""
+    refused = model_knobs_refused(model, config)
+    if refused:
+        raise ValueError(next(iter(refused.values())))
     if config.attention != "default":
-        setter = getattr(model, "set_attn_implementation", None)
-        if setter is None:
-            raise ValueError(f"attention={config.attention} needs a transformers model "
-                             f"(set_attn_implementation); {type(model).__name__} has none")
-        refused = attention_refused(config.attention, model)
-        if refused:
-            raise ValueError(refused)
-        setter(config.attention)
-    if config.activation_checkpointing:
+        unsafe = attention_refused(config.attention, model)
+        if unsafe:
+            raise ValueError(unsafe)
+        model.set_attn_implementation(config.attention)
+    found = _checkpointing_enable(model) if config.activation_checkpointing else None
+    if found is not None:
         # Non-reentrant: what torch recommends, and it needs no input that requires grad.
-        # transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_*.
-        for prefix in ("activation", "gradient"):
-            enable = getattr(model, f"{prefix}_checkpointing_enable", None)
-            if enable is not None:
-                enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
-                break
-        else:
-            raise ValueError("activation_checkpointing needs a model with "
-                             f"gradient_checkpointing_enable(); {type(model).__name__} has none")
+        prefix, enable = found
+        enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
     return model
 
 

@@ -22,22 +22,29 @@ from autotune.trial.executors import node_env, slots, trial_name
 from autotune.trial.executors.ray_client import FORWARD_ENV
 from autotune.trial.plans import TrialPlan
 
+CONNECT_S = 120.0  # how long the tuner waits for the Ray cluster to answer
+
 
 def cluster_nodes() -> list[dict[str, int]]:
     """The Ray cluster's alive nodes (their CPUs and GPUs); a one-line error when there is no
-    cluster to reach."""
+    cluster to reach. Says on stderr first where it asks and for how long at most: Ray keeps
+    trying an address that does not answer, silently, until ``CONNECT_S`` runs out."""
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray: pip install ray (or pip install -e '.[ray]' "
                          "in a clone of autotune), in the same environment on every node")
+    address = os.environ.get("RAY_ADDRESS") or "auto"
+    where = address if address != "auto" else "auto (the cluster `ray start` runs here)"
+    print(f"autotune: asking the Ray cluster at {where} for its nodes, for up to "
+          f"{CONNECT_S:.0f}s (RAY_ADDRESS sets the address; Ctrl-C stops)", file=sys.stderr,
+          flush=True)
     try:
         out = subprocess.run([sys.executable, "-m", "autotune.trial.executors.ray_client",
-                              "nodes"], capture_output=True, text=True, timeout=120,
+                              "nodes"], capture_output=True, text=True, timeout=CONNECT_S,
                              check=False)
         found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
         found = None
     if not isinstance(found, list) or not found:
-        address = os.environ.get("RAY_ADDRESS") or "auto"
         raise UsageError(f"--executor ray: no Ray cluster answers at {address}: start one "
                          "(`ray start --head` here, `ray start --address HEAD:6379` on each other "
                          "node) or set RAY_ADDRESS")
