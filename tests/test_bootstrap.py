@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).parent / "data" / "scripts"
 HF_SCRIPT, LIT_SCRIPT = SCRIPTS / "hf_mlm.py", SCRIPTS / "lit_unchanged.py"
+HF_RESUME, LIT_OUTPUTS = SCRIPTS / "hf_resume.py", SCRIPTS / "lit_outputs.py"
 # The suite's short trials, never pruned: a trial the pruner stops (a loaded machine slows one
 # down) still reads back, but these tests count one read-back per trial asked for.
 QUICK = [*FAST, "--no-prune"]
@@ -56,6 +57,20 @@ def read_backs(folder: Path) -> list[tuple[dict[str, object], dict[str, object]]
         if readback is not None:
             found.append((t.user_attrs["config"], readback))
     return found
+
+
+def files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each file under ``folder`` but the study's (``studies/``): its size and when it was
+    last written."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] !=
+            "studies"}
+
+
+def trial_output(folder: Path) -> str:
+    """What the study's only trial printed (its stdout and stderr)."""
+    (log,) = (folder / "studies").glob("*/trials/*/stderr.log")
+    return log.read_text(errors="replace")
 
 
 def python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -178,6 +193,51 @@ def test_an_unchanged_hf_trainer_script_under_torchrun_reports_both_ranks(
         assert seen["ddp_bucket_cap_mb"] == t.user_attrs["config"]["ddp_bucket_cap_mb"]
 
 
+def test_a_resume_asked_in_code_trains_from_the_start_in_a_trial(tmp_path: Path) -> None:
+    """A script that resumes in code (``trainer.train(resume_from_checkpoint=True)``) and
+    trains fine on its own is tuned: its trials train from the start, never read the user's
+    checkpoints, and say so."""
+    out = tmp_path / "my-output"
+    command = [sys.executable, str(HF_RESUME), "--output_dir", str(out)]
+    own = subprocess.run([*command, "--max_steps", "2", "--save_steps", "2"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert own.returncode == 0, own.stderr[-3000:]
+    before = files(out)
+    assert "checkpoint-2/model.safetensors" in before
+    run = autotune("run", "--trials", "1", "--no-probe", *QUICK, "--", *command, "--resume",
+                   "true", cwd=tmp_path, timeout=300)
+    assert [t.user_attrs.get("status") for t in trials(tmp_path)] == ["ok"], \
+        run.stdout[-3000:]
+    assert files(out) == before
+    ((_, readback),) = read_backs(tmp_path)
+    assert "resume_from_checkpoint" in readback["isolated"]
+    assert "autotune: train(resume_from_checkpoint=True) in a trial trains from the start" in \
+        trial_output(tmp_path)
+
+
+def test_launch_leaves_off_the_model_knobs_a_plain_module_under_a_trainer_cannot_take(
+        tmp_path: Path) -> None:
+    """Checkpointing on a plain ``torch.nn.Module`` under the Trainer once ended the script with
+    ``AttributeError: ... gradient_checkpointing_enable``, while attention got a clean line:
+    both are now left off with the reason, and the script trains."""
+    from dataclasses import replace
+
+    from autotune.config.knobs import Config
+    from tests.test_profile import make
+
+    config = Config(micro_batch_size=8, attention="eager", activation_checkpointing=True)
+    profile = replace(make(), config=config).save(tmp_path / "profile.yaml")
+    launched = autotune("launch", str(profile), "--", sys.executable, str(HF_RESUME),
+                        "--output_dir", str(tmp_path / "out"), "--max_steps", "2",
+                        cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert json.loads(launched.stdout.strip().splitlines()[-1])["steps"] == 2
+    assert "autotune: not applied: activation_checkpointing=true needs a transformers model " \
+           "(gradient_checkpointing_enable); Regression has none" in launched.stderr
+    assert "autotune: not applied: attention=eager needs a transformers model " \
+           "(set_attn_implementation); Regression has none" in launched.stderr
+
+
 def test_a_value_the_trainer_refuses_after_the_baseline_fails_its_trial_and_is_fixed(
         tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
@@ -247,6 +307,126 @@ def test_what_a_lightning_script_sets_itself_wins_and_is_reported(tmp_path: Path
     assert readback["via"].startswith(f"Lightning Trainer ({package} ")
     assert readback["fixed"]["amp"] == (f"amp=off was set, but the {readback['via']} runs "
                                         "bf16: the script sets it itself")
+
+
+def test_a_lightning_trial_leaves_the_users_logs_checkpoints_and_resume_alone(
+        tmp_path: Path) -> None:
+    """A script of the shape of Lightning's own examples: Lightning's default logger and
+    checkpoint in the working directory, ``fit(ckpt_path=...)`` to resume, ``test`` and
+    ``save_checkpoint`` after fitting. Under ``launch`` it writes all of that where it does;
+    its trials write none of it, train from the start, and the run says so once."""
+    pytest.importorskip("lightning")
+    from dataclasses import replace
+
+    from autotune.config.knobs import Config
+    from tests.test_profile import make
+
+    profile = replace(make(), config=Config()).save(tmp_path / "profile.yaml")
+    command = [sys.executable, str(LIT_OUTPUTS)]
+    own = autotune("launch", str(profile), "--", *command, "--epochs", "1", cwd=tmp_path)
+    assert own.returncode == 0, own.stderr[-3000:]
+    version = tmp_path / "lightning_logs" / "version_0"
+    (checkpoint,) = (version / "checkpoints").glob("*.ckpt")
+    assert (version / "metrics.csv").exists()
+    before = files(tmp_path)
+
+    run = autotune("run", "--trials", "1", "--no-probe", *QUICK, "--param", "batch=16", "--",
+                   *command, "--resume", str(checkpoint), "--save", "final.ckpt",
+                   cwd=tmp_path)
+    assert [t.user_attrs.get("status") for t in trials(tmp_path)] == ["ok"], \
+        run.stdout[-3000:]
+    assert files(tmp_path) == before  # no lightning_logs/version_1, no final.ckpt
+    assert not list((tmp_path / "studies").rglob("trainer-output"))  # removed after the trial
+    ((_, readback),) = read_backs(tmp_path)
+    off = ["default_root_dir", "logger", "checkpoint_callbacks", "ckpt_path"]
+    assert readback["isolated"] == off
+    assert f"in trials its outputs go to the trial's folder, with {', '.join(off)} " \
+        "overridden" in run.stdout
+    printed = trial_output(tmp_path)
+    assert "training from step 0" in printed
+    assert f"autotune: fit(ckpt_path={str(checkpoint)!r}) in a trial trains from the start" \
+        in printed
+
+
+def test_a_trials_lightning_trainer_writes_nothing_through_the_scripts_logger_or_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A logger and a checkpoint callback the script passes itself write nothing where it put
+    them in a trial; the Trainer's folder (``trainer.log_dir``) is the trial's."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import importlib.util
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from autotune import steps
+    from autotune.bootstrap import TRAINER_OUTPUT
+    from autotune.bootstrap import lightning as bootstrap
+
+    spec = importlib.util.spec_from_file_location("lit_outputs", LIT_OUTPUTS)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    user, trial = tmp_path / "user", tmp_path / "trial"
+    user.mkdir()
+    monkeypatch.chdir(user)
+    monkeypatch.setenv(steps.TRIAL_DIR_ENV, str(trial))
+    monkeypatch.setattr(bootstrap, "_isolated", [])
+    trainer = pl.Trainer(max_steps=3, accelerator="cpu", logger=CSVLogger("csv_logs"),
+                         callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=1)],
+                         enable_progress_bar=False, enable_model_summary=False)
+    bootstrap.isolate(trainer, "lightning.pytorch")
+    trainer.fit(script.Regression(), script.loader(64, 0), script.loader(16, 1))
+    assert trainer.global_step == 3
+    assert list(user.iterdir()) == []
+    assert trainer.log_dir == str(trial / TRAINER_OUTPUT)
+    assert bootstrap._isolated == ["default_root_dir", "logger", "checkpoint_callbacks"]
+
+
+def test_a_resume_in_code_is_dropped_in_a_trial_and_kept_under_launch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """However the script passes it (a path or True, by position or keyword), a trial trains
+    from the start; under ``launch`` the script's resume reaches its Trainer as written."""
+    import inspect
+    from typing import Any
+
+    from autotune.bootstrap import hf, lightning
+    from tests.test_profile import make
+
+    asked: list[object] = []
+
+    class Trainer:
+        ckpt_path = None
+
+        def train(self, resume_from_checkpoint: object = None, trial: object = None) -> None:
+            asked.append(resume_from_checkpoint)
+
+        def fit(self, model: object, train_dataloaders: object = None,
+                val_dataloaders: object = None, datamodule: object = None,
+                ckpt_path: object = None) -> None:
+            asked.append(ckpt_path)
+
+    train = hf._fresh_in_trials(Trainer.train)
+    for mode in ("trial", "launch"):
+        state = hf._State(mode, make())
+        monkeypatch.setattr(hf, "_state", lambda state=state: state)
+        train(Trainer(), "out/checkpoint-2")
+        train(Trainer(), resume_from_checkpoint=True)
+        train(Trainer(), resume_from_checkpoint=False)
+        assert state.isolated == (["resume_from_checkpoint"] if mode == "trial" else [])
+    assert asked == [None, None, False, "out/checkpoint-2", True, False]
+
+    asked.clear()
+    monkeypatch.setattr(lightning, "_isolated", [])
+    fit = inspect.signature(Trainer.fit)
+    trainer: Any = Trainer()
+    for args, kwargs in ((("model", None, None, None, "last.ckpt"), {}),
+                         (("model",), {"ckpt_path": "last.ckpt"}), (("model",), {})):
+        args, kwargs = lightning._fresh(trainer, fit, args, kwargs)
+        trainer.fit(*args, **kwargs)
+    trainer.ckpt_path = "set.ckpt"  # Lightning's trainer.ckpt_path, set before fit
+    lightning._fresh(trainer, fit, ("model",), {})
+    assert trainer.ckpt_path is None
+    assert asked == [None, None, None] and lightning._isolated == ["ckpt_path"]
 
 
 # -- what the bootstrap may set --------------------------------------------------------------------

@@ -6,10 +6,15 @@ PROFILE -- CMD`` (mode ``launch``), and only there, ``site/`` goes first on ``PY
 nothing heavy, and hooks the frameworks as the script imports them (``hooks``):
 
 - Hugging Face ``Trainer`` (``hf``): the config set on ``TrainingArguments`` before their own
-  validation, the steps reported, and in a trial the user's outputs left alone;
+  validation, the steps reported;
 - Lightning (``lightning``): precision and accumulation through the ``PL_TRAINER_*`` defaults
   (``trainer_env``), the steps reported by a callback found through Lightning's own
   ``callbacks_factory`` entry points (``site/*.dist-info/entry_points.txt``).
+
+For both, in a trial, the user's outputs are left alone: what the Trainer would write (its
+output or root directory, loggers, checkpoints) goes to the trial's ``TRAINER_OUTPUT`` folder
+or nowhere, and a resume the script asks for, in its arguments or in code, trains from the
+start. Under ``launch`` all of it stays as the script sets it.
 
 Either way what is in effect is read back once the Trainer is built (``readback``), and a knob
 whose value did not take is reported with the reason. Outside those processes (no

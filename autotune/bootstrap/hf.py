@@ -4,8 +4,8 @@
   for the fields the installed transformers has), so it wins over command-line flags, a JSON
   file and arguments built in code alike, and the arguments' own validation then sees it. In a
   trial the user's outputs are left alone: the output directory is the trial's folder, nothing
-  is saved, pushed, reported to a tracker or evaluated, and training runs until autotune has
-  measured (``ISOLATION``).
+  is saved, pushed, reported to a tracker, evaluated or resumed, and training runs until
+  autotune has measured (``ISOLATION``; ``Trainer.train`` drops a resume asked in code).
 - ``Trainer.__init__`` sets the model's attention implementation and the process's threads
   before the Trainer takes the model, then adds the step-reporting callback (unless the script
   added one) and one that reads back, at the start of training, what the Trainer runs with.
@@ -141,7 +141,8 @@ def _asked(args: Any, fields: set[str]) -> dict[str, Any]:
 
 def on_trainer(module: ModuleType) -> None:
     """Patch ``Trainer`` (and so its subclasses): the model's knobs before it is taken, the
-    callbacks after, and the optimizer it builds."""
+    callbacks after, and the optimizer it builds; in a trial, ``train`` from the start and
+    what follows training skipped (``SKIPPED``)."""
     cls = module.Trainer
     if getattr(cls.__init__, "_autotune", False):
         return
@@ -177,8 +178,34 @@ def on_trainer(module: ModuleType) -> None:
 
     __init__._autotune = True  # type: ignore[attr-defined]
     cls.__init__, cls.create_optimizer = __init__, create_optimizer
+    cls.train = _fresh_in_trials(cls.train)
     for name, result in SKIPPED.items():
         setattr(cls, name, _skipped_in_trials(getattr(cls, name), result))
+
+
+def _fresh_in_trials(train: Any) -> Any:
+    """``Trainer.train`` that trains from the start in a trial, where the script asks in
+    code to resume (``train(resume_from_checkpoint=True)`` or a path): a trial would read the
+    user's checkpoint and measure the tail of another run, or find none in its own output
+    directory and fail. Said once on stderr and in the read-back; as written elsewhere."""
+    @functools.wraps(train)
+    def fresh(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state()
+        asked = args[0] if args else kwargs.get("resume_from_checkpoint")
+        if state is None or state.mode != TRIAL or asked is None or asked is False:
+            return train(self, *args, **kwargs)
+        if args:
+            args = (None, *args[1:])
+        else:
+            kwargs["resume_from_checkpoint"] = None
+        if "resume_from_checkpoint" not in state.isolated:
+            state.isolated.append("resume_from_checkpoint")
+        steps.note_once(f"autotune: train(resume_from_checkpoint={asked!r}) in a trial trains "
+                        "from the start: a trial measures the config, not the rest of a run "
+                        "(`autotune launch` resumes as the script asks)")
+        return train(self, *args, **kwargs)
+
+    return fresh
 
 
 # What a script does with its Trainer after training that a trial skips (its windows are
@@ -217,11 +244,27 @@ def _prepare_model(model: Any, state: _State) -> None:
             if not str(exc).startswith("attention") else str(exc)
 
 
+def _keep_checkpointing_off(trainer: Any, state: _State) -> None:
+    """Checkpointing on a model that has no way to take it (a plain ``torch.nn.Module``): the
+    Trainer would call its ``gradient_checkpointing_enable`` as training starts, and end the
+    script with an AttributeError. Left off instead, with the reason, as attention is."""
+    from autotune.trial.apply import model_knobs_refused
+
+    refused = model_knobs_refused(trainer.model, state.config).get("activation_checkpointing")
+    if refused is None:
+        return
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if getattr(trainer.args, name, None):
+            setattr(trainer.args, name, False)
+    state.unreachable["activation_checkpointing"] = refused
+
+
 def _attach(trainer: Any, state: _State) -> None:
     from transformers import TrainerCallback
 
     from autotune.integrations.hf import AutotuneCallback
 
+    _keep_checkpointing_off(trainer, state)
     memory.cap_cuda_allocator(getattr(trainer.args, "device", None))
     callbacks = trainer.callback_handler.callbacks
     if state.mode == TRIAL and not any(isinstance(c, AutotuneCallback) for c in callbacks):

@@ -200,8 +200,12 @@ class TrialSteps:
         if not self.trainer_said:
             self.trainer_said = True
             off = ", ".join(read_back["isolated"])
+            # Lightning's validation inside fit() runs as the script sets it (its callbacks
+            # may watch a validation metric); the Hugging Face Trainer's evaluation is off.
+            turned_off = "no checkpoints or logs" if read_back["via"].startswith("Lightning") \
+                else "no checkpoints; nothing pushed, tracked or evaluated"
             kept = (f"; in trials its outputs go to the trial's folder, with {off} overridden "
-                    "(no checkpoints; nothing pushed, tracked or evaluated)") if off else ""
+                    f"({turned_off})") if off else ""
             self.reporter.note(f"{self.command.name if self.command else 'the script'}: "
                                f"autotune sets each trial's config on its {read_back['via']}"
                                f"{kept}")
