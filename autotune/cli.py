@@ -238,10 +238,9 @@ def launch_command(
     # no edit to the script (``autotune.bootstrap``); a plain loop loads it itself.
     env.update(bootstrap.environment(bootstrap.LAUNCH, env))
     env.update(bootstrap.trainer_env(profile.config.amp, profile.config.grad_accum_steps))
-    from autotune.trial.command import SKIPPED_BY, skipping_flag
+    from autotune.trial.command import SKIPPED_BY, shown_flag
 
-    flag = skipping_flag(command[1:]) if os.path.basename(command[0]).startswith("python") \
-        else None
+    flag = found[1] if (found := shown_flag(command)) is not None else None
     # A script that loads the profile itself still gets it under these flags; a Trainer not.
     reached = "a Hugging Face or Lightning Trainer in it gets the profile's config" \
         if flag is None else (f"warning: {flag} ({SKIPPED_BY[flag]}) keeps autotune's "

@@ -54,29 +54,21 @@ def profile_show(path: ProfileArg, debug: Debug = False, hf_args: Annotated[bool
     typer.echo("\n".join(shown(line) for line in lines))
 
 
-# Always printed, even at TrainingArguments' default: they set the samples per optimizer
-# step every figure of the profile was measured at, so they win over a script's own.
-STEP_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
-
-
 def hf_flags(profile: Profile) -> str:
     """The profile's TrainingArguments as command-line flags (for HfArgumentParser), quoted
-    for a shell, to paste after a script's own: only the fields autotune tunes, and of those
-    only values TrainingArguments' own defaults would not give (the batch and accumulation
-    always). Never ``--optim``: it would replace the script's optimizer; the optimizer
-    implementation and the other knobs no flag reaches are named on comment lines.
+    for a shell, to paste after a script's own: only the fields autotune tunes, each also at
+    TrainingArguments' default (pasted after ``--bf16``, ``--bf16 False`` is what fp32 was
+    measured as). Never ``--optim``: it would replace the script's optimizer class; the
+    optimizer implementation and the other knobs no flag reaches are named on comment lines.
     `autotune launch` applies all of them without flags."""
     import json
     import shlex
 
-    from autotune.integrations.hf import field_defaults, training_args
+    from autotune.integrations.hf import training_args
 
-    defaults = field_defaults()
     flags = []
     for name, value in training_args(profile).items():
-        default = defaults.get(name, object())
-        if name == "optim" or (name not in STEP_FIELDS and type(value) is type(default)
-                               and value == default):
+        if name == "optim":
             continue
         text = json.dumps(value) if isinstance(value, dict) else str(value)
         flags.append(f"--{name} {shlex.quote(text)}")

@@ -332,8 +332,9 @@ def _pasted(profile: Profile, own: list[str], tmp_path: Path) -> tuple[object, s
 
 def test_hf_args_keep_the_trainers_optimizer_and_its_defaults(tmp_path: Path) -> None:
     """A profile that kept the optimizer's own implementation moves neither the Trainer's
-    default optimizer nor a script's own; flags at TrainingArguments' defaults are left out,
-    but for the batch and accumulation (the samples per step the profile measured)."""
+    default optimizer nor a script's own; every tuned field is printed, also at
+    TrainingArguments' default, so that pasted after the script's own flags it is what was
+    measured."""
     from transformers import TrainingArguments
 
     kept = replace(make(), config=Config(micro_batch_size=8, pin_memory=True))
@@ -343,11 +344,11 @@ def test_hf_args_keep_the_trainers_optimizer_and_its_defaults(tmp_path: Path) ->
     assert TrainingArguments(output_dir=str(tmp_path), **kwargs).optim == own_default
     args, shown = _pasted(kept, [], tmp_path)
     assert args.optim == own_default and "--optim" not in shown and "optimizer_impl" not in shown
-    assert "--dataloader_pin_memory" not in shown and "--bf16" not in shown  # the defaults
-    assert "--per_device_train_batch_size 8" in shown
-    args, _ = _pasted(kept, ["--optim", "adafactor", "--per_device_train_batch_size", "32"],
-                      tmp_path)
+    assert "--per_device_train_batch_size 8" in shown and "--bf16 False" in shown
+    args, _ = _pasted(kept, ["--optim", "adafactor", "--per_device_train_batch_size", "32",
+                             "--bf16", "--dataloader_num_workers", "4"], tmp_path)
     assert (args.optim, args.per_device_train_batch_size) == ("adafactor", 8)
+    assert (args.bf16, args.dataloader_num_workers) == (False, 0)  # fp32, no workers: tuned
 
 
 def test_hf_args_name_a_fused_optimizer_without_replacing_the_scripts(tmp_path: Path) -> None:

@@ -66,9 +66,15 @@ def test_a_command_that_shows_such_a_flag_is_refused_before_any_trial(tmp_path: 
                                          r"sitecustomize.*run it without -I"):
         parse_command([sys.executable, "-I", "train.py"])
     for shown in (["env", "-u", "X", "python3", "-S", "train.py"],
-                  ["bash", "-c", "cd /tmp && python -uE train.py"]):
-        with pytest.raises(UsageError, match=r"python3? -[SE]: "):
+                  ["bash", "-c", "cd /tmp && python -uE train.py"],
+                  ["sh", "-ec", "pypy3 -I train.py"]):
+        with pytest.raises(UsageError, match=r"(python3?|pypy3) -[SEI]: "):
             parse_command(shown)
+    # The script's own arguments are not a Python's options, even after a word like one.
+    script = str(tmp_path / "train.py")
+    for fine in ([sys.executable, script, "--data", "python_corpus", "-S", "512"],
+                 [sys.executable, script, "--lang", "python3", "-E"]):
+        assert parse_command(fine).script == script
     out = autotune("run", "--trials", "1", "--", sys.executable, "-E", "train.py", cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     (line,) = out.stderr.strip().splitlines()
@@ -77,7 +83,7 @@ def test_a_command_that_shows_such_a_flag_is_refused_before_any_trial(tmp_path: 
     assert not (tmp_path / "studies" / "autotune.db").exists()
 
 
-def test_a_python_behind_a_wrapper_with_such_a_flag_ends_the_trial_at_once(
+def test_a_python_behind_a_wrapper_with_such_a_flag_ends_the_trial(
         tmp_path: Path) -> None:
     # The flag is in the wrapper's file, not on the command line autotune checks first.
     wrapper = tmp_path / "wrap.sh"
@@ -107,9 +113,10 @@ def test_a_python_with_a_cleared_environment_ends_the_trial(tmp_path: Path) -> N
 def test_forked_and_spawned_children_are_reached_and_the_trial_measures(tmp_path: Path) -> None:
     m = _trial(tmp_path, [sys.executable, str(HOSTILE), "--behave", "children"])
     assert m.ok, m.reason
-    marks = list((tmp_path / "trial" / REACHED).iterdir())
-    assert len(marks) >= 3  # the script, its forked child and its spawned one (and its tracker)
-    assert all(m.read_text() == "ok" for m in marks)
+    marks = sorted(m.read_text() for m in (tmp_path / "trial" / REACHED).iterdir())
+    # The script, its forked child (a copy), its spawned child (multiprocessing's: it never
+    # trains, nothing is hooked) and the spawn context's resource tracker.
+    assert len(marks) == 4 and "worker" in marks and set(marks) <= {"ok", "worker"}, marks
 
 
 def test_a_mark_that_says_why_ends_the_trial_with_that_reason(tmp_path: Path) -> None:
@@ -124,12 +131,39 @@ def test_a_mark_that_says_why_ends_the_trial_with_that_reason(tmp_path: Path) ->
         assert "no mark from it" in (reach.check({child.pid: started}, now=10.0) or "")
         (tmp_path / REACHED).mkdir()
         (tmp_path / REACHED / str(child.pid)).write_text("python3 cannot import autotune (x)")
-        why = Reach(tmp_path).check({child.pid: started}, now=0.0) or ""
+        assert Reach(tmp_path).check({child.pid: started}, now=0.0) is None  # its grace too
+        reach = Reach(tmp_path)
+        reach.check({child.pid: started}, now=0.0)
+        why = reach.check({child.pid: started}, now=10.0) or ""
         assert why.startswith(f"process {child.pid} of the trial ("), why
         assert why.endswith(") is a Python that autotune's bootstrap could not hook: python3 "
                             "cannot import autotune (x)"), why
         (tmp_path / REACHED / str(child.pid)).write_text("ok")
         assert Reach(tmp_path).check({child.pid: started}, now=10.0) is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_marks_are_read_as_what_a_trial_could_put_there(tmp_path: Path) -> None:
+    import psutil
+
+    folder = tmp_path / REACHED
+    folder.mkdir()
+    (folder / "\u00b2").write_text("ok")  # a digit to str.isdigit, not to int()
+    os.mkfifo(folder / "4242")  # opening it would wait for a writer
+    (folder / "4243").symlink_to("/etc/hostname")
+    reach = Reach(tmp_path)
+    assert reach.check({}) is None and reach.marks == {} and reach.reached == 0
+    # A mark older than its process is an earlier process's of the same pid: not this one's.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = psutil.Process(child.pid).create_time()
+        (folder / str(child.pid)).write_text("ok")
+        os.utime(folder / str(child.pid), (started - 60, started - 60))
+        reach = Reach(tmp_path)
+        reach.check({child.pid: started}, now=0.0)
+        assert "no mark from it" in (reach.check({child.pid: started}, now=10.0) or "")
     finally:
         child.kill()
         child.wait()

@@ -64,7 +64,8 @@ def _trial(tmp_path: Path, behave: str, workdir: Path | None = None) -> Measurem
     # End times that do not advance were clamped to 1e-9 s (4e11 samples/s, exported).
     ("frozen-time", "error", "hostile.py: step "),
     # 200,000 nested brackets ended the tuner (RecursionError: "internal error", exit 1).
-    ("deep-array", "error", "hostile.py: rank 0 wrote a line that is longer than 65536 bytes"),
+    # (Read while it is written, it may be a line without an end yet: either ends the trial.)
+    ("deep-array", "error", "hostile.py: rank 0 wrote "),
     ("deep-object", "error", "hostile.py: rank 0 wrote a line that is nested more than 32 "
                              "levels deep"),
     # A read-back whose tables are lists ended the tuner (AttributeError).
@@ -83,6 +84,9 @@ def test_a_report_that_cannot_be_trusted_ends_its_trial(tmp_path: Path, behave: 
     assert m.samples_per_sec is None
     if behave == "frozen-time":
         assert "shorter than reporting a step takes" in (m.reason or "")
+    if behave == "deep-array":
+        assert "a line that is longer than 65536 bytes" in (m.reason or "") or \
+            "more than 64 KiB without a line end" in (m.reason or ""), m.reason
 
 
 def test_a_step_line_is_checked_field_by_field() -> None:
@@ -127,6 +131,32 @@ def test_the_study_goes_on_and_exports_only_what_was_measured(tmp_path: Path,
     assert profile["config"]["micro_batch_size"] == 8  # the only config that measured
     best = profile["result"]["samples_per_sec"]
     assert 0 < best < 16 * 1000  # a 10 ms step of 8 samples: never a clamp's 1e11
+
+
+def test_progress_events_are_read_only_as_a_trial_writes_them(tmp_path: Path) -> None:
+    from autotune.trial.progress import Tail, read_events
+    from tests.data.scripts.hostile import PROGRESS
+
+    path = tmp_path / "progress.jsonl"
+    ours = {"event": "window", "t": 1.0, "index": 0, "samples": 8, "seconds": 0.5,
+            "samples_per_sec": 16.0, "data_wait_s": 0.0}
+    path.write_text("".join(json.dumps(e) + "\n" for e in [*PROGRESS, ours]) + "{\"event\"")
+    # Only autotune's own events, with only their own keys: the window with "trial" and
+    # "kind" is kept without them; the rest, and the unfinished last line, are not events.
+    stripped = {k: v for k, v in PROGRESS[2].items() if k not in ("trial", "kind")}
+    assert read_events(str(path)) == [stripped, ours]
+    seen: list[dict[str, Any]] = []
+    Tail(str(path)).forward(seen.append)
+    assert seen == [stripped, ours]
+
+
+def test_a_run_with_json_events_outlives_what_a_script_writes_into_its_progress_file(
+        tmp_path: Path) -> None:
+    out = autotune("run", "--trials", "1", "--no-probe", "--json", *FAST, "--", sys.executable,
+                   str(HOSTILE), "--behave", "junk-progress", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    events = [json.loads(line) for line in out.stdout.splitlines()]  # "trial" twice once
+    assert events[-1]["event"] == "finished"
 
 
 # -- paths and environment -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -23,6 +24,8 @@ from autotune.steps import SAMPLES_ENV, STOP_FILE, TRIAL_DIR_ENV
 
 # Launchers whose ranks are the script's processes: torchrun, or python -m torch.distributed.run.
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# The bootstrap's folder of marks in a trial's (``trial.reach``, ``site/sitecustomize.py``).
+REACHED = "reached"
 # Python's options that keep autotune's bootstrap (a sitecustomize on PYTHONPATH) out.
 SKIPPED_BY = {"-I": "isolated mode ignores PYTHONPATH and sitecustomize",
               "-E": "it ignores PYTHONPATH", "-S": "it imports no site, so no sitecustomize"}
@@ -98,6 +101,8 @@ def parse_command(argv: list[str] | tuple[str, ...]) -> Command:
 
 
 _SHELLS = ("sh", "bash", "dash", "zsh", "ksh")
+# A Python interpreter's file name (python, python3.11, pypy3), not a word that starts so.
+INTERPRETER = re.compile(r"(python|pypy)[0-9.]*[a-z]?")
 
 
 def _behind(program: str, base: str, rest: list[str]) -> tuple[str | None, str | None]:
@@ -109,7 +114,7 @@ def _behind(program: str, base: str, rest: list[str]) -> tuple[str | None, str |
 
     if program.endswith(".py") and Path(program).is_file():
         return program, None
-    code = rest[rest.index("-c") + 1] if base in _SHELLS and "-c" in rest[:-1] else None
+    code = shell_code([program, *rest])
     if code is not None:
         try:
             words = shlex.split(code)
@@ -133,18 +138,31 @@ def _behind(program: str, base: str, rest: list[str]) -> tuple[str | None, str |
                      "is refused by `autotune profile check`")
 
 
+def shell_code(argv: list[str] | tuple[str, ...]) -> str | None:
+    """The code of a shell's ``-c`` (``bash -c CODE``, ``bash -lc CODE``, ``sh -ec CODE``);
+    None when the command is no shell running code."""
+    if os.path.basename(argv[0]) not in _SHELLS:
+        return None
+    for i, arg in enumerate(argv[1:], start=1):
+        if not arg.startswith("-") or arg == "-":
+            return None  # a script file: the shell runs that
+        if not arg.startswith("--") and "c" in arg[1:]:
+            return argv[i + 1] if i + 1 < len(argv) else None
+    return None
+
+
 def shown_flag(argv: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
-    """A Python in the command (after a wrapper such as ``env``, in a shell's ``-c`` code
-    too) with an option that keeps the bootstrap out: (its name, the option), or None."""
+    """The first Python of the command (the program, the one a wrapper such as ``env`` runs,
+    or the first in a shell's ``-c`` code) with an option that keeps the bootstrap out: (its
+    name, the option), or None. Later words are its script's arguments, not a Python's."""
     words = list(argv)
-    if os.path.basename(argv[0]) in _SHELLS and "-c" in argv[1:-1]:
+    if (code := shell_code(argv)) is not None:
         with contextlib.suppress(ValueError):
-            words += shlex.split(argv[argv.index("-c", 1) + 1])
+            words = shlex.split(code)
     for i, word in enumerate(words):
-        base = os.path.basename(word)
-        if base.startswith("python") and not base.endswith(".py") and \
-                (flag := skipping_flag(words[i + 1:])) is not None:
-            return base, flag
+        if INTERPRETER.fullmatch(os.path.basename(word)):
+            flag = skipping_flag(words[i + 1:])
+            return (os.path.basename(word), flag) if flag is not None else None
     return None
 
 
@@ -245,6 +263,8 @@ def command_env(folder: Path, profile_path: Path, samples_per_rank_step: int) ->
 
 
 def clear(folder: Path) -> None:
-    """Remove an earlier run's step files and stop request (a retried trial's folder)."""
+    """Remove an earlier run's step files, stop request and the bootstrap's marks (a retried
+    trial's folder)."""
     for path in (*folder.glob("steps.rank*.jsonl"), folder / STOP_FILE):
         path.unlink(missing_ok=True)
+    shutil.rmtree(folder / REACHED, ignore_errors=True)

@@ -37,7 +37,7 @@ from autotune.trial.merge import first_failure
 from autotune.trial.output import CappedLog
 from autotune.trial.plans import Nodes, TrialPlan, plan, plan_command
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
-from autotune.trial.progress import forward, measured_span, read_events, read_windows
+from autotune.trial.progress import Tail, measured_span, read_events, read_windows
 from autotune.trial.result import RESULT_SCHEMA, TrialResultDoc
 from autotune.trial.spec import TrialSpec
 from autotune.trial.untrusted import Refused, load_file
@@ -65,7 +65,7 @@ class Monitor(Protocol):
 class _Watch:
     """How a running trial is followed, and why it was ended when it did not end itself."""
 
-    seen: int = 0  # progress events forwarded so far
+    events: Tail  # the progress events, forwarded as they come
     timed_out: bool = False
     killed_for_memory: bool = False
     interrupted: bool = False
@@ -122,7 +122,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     """
     env = _prepare(p)
     start = time.monotonic()
-    watch = _Watch()
+    watch = _Watch(Tail(p.progress_path))
     if monitor is not None:
         monitor.start()
     proc, output, relay = _start(p, env)
@@ -147,7 +147,7 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
     finally:
         survivors, samples, data = _end(p, proc, tree, output, relay, monitor)
     if on_event is not None:
-        forward(p.progress_path, watch.seen, on_event)
+        watch.events.forward(on_event)
     folder = Path(p.spec_path).parent
     if p.script is not None:  # what the script's Trainer saved: not the user's, not needed
         shutil.rmtree(folder / bootstrap.TRAINER_OUTPUT, ignore_errors=True)
@@ -307,7 +307,7 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             driver.poll()
             if driver.action(proc.pid):
                 return
-        watch.seen = forward(p.progress_path, watch.seen, seen)
+        watch.events.forward(seen)
         if should_stop is not None:
             watch.stopped = should_stop()
             if watch.stopped:

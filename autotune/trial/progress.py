@@ -2,6 +2,11 @@
 ``warmup_step``, ``window``, ...), appended by the trial process (``trial.bench``) or, for a
 script's trial, by its driver, and tailed by the tuner (``trial.launch``), which forwards the
 events as they come and keeps a killed trial's windows from them.
+
+The trial's process can write this file (a user's workload runs there; a script's folder is the
+script's): what is read of it is bounded, and an event is kept only as autotune writes it, its
+kind known, its numbers there and finite, nothing else on it (the console formats them, and the
+``--json`` events spread them into their own).
 """
 
 from __future__ import annotations
@@ -14,16 +19,20 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.trial.result import Window
-from autotune.trial.untrusted import Refused, loads
+from autotune.trial.untrusted import Refused, loads, open_file
 
-# The trial's process writes this file (a user's workload runs there): what is read of it is
-# bounded, a line that is not a small JSON object is skipped. An event is a few hundred bytes.
+# An event is a few hundred bytes; a trial writes a few hundred of them.
 MAX_EVENT = 64 * 1024
 MAX_FILE = 16 * 1024 * 1024
-# The numbers an event may carry, which the tuner formats and computes with: an event where one
-# is not a finite number (a string, NaN, a bool) is not autotune's, and is skipped.
-_NUMBERS = ("t", "index", "samples", "seconds", "samples_per_sec", "build_s", "data_wait_s",
-            "comm_wait_s")
+_PER_LOOK = 1024 * 1024  # read at most this much of new events in one look
+# Each kind of event: the numbers it carries, and those it may carry (``t`` on all).
+_EVENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "built": (("build_s",), ()),
+    "compiled": (("seconds",), ()),
+    "warmup_step": (("seconds",), ()),
+    "window": (("index", "samples", "seconds", "samples_per_sec"),
+               ("data_wait_s", "comm_wait_s")),
+}
 
 
 def _line(event: str, data: dict[str, Any]) -> str:
@@ -49,28 +58,42 @@ def append(path: str, event: str, **data: Any) -> None:
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
-    """The trial's progress events so far: whole lines only (the last may be half written), the
-    file's first ``MAX_FILE`` bytes, objects only."""
+    """The trial's progress events so far (in the file's first ``MAX_FILE`` bytes): whole
+    lines only (the last may be half written), autotune's events only (``_event``)."""
     try:
-        with open(path, "rb") as f:
-            lines = f.read(MAX_FILE).split(b"\n")[:-1]
+        with open_file(path) as f:
+            data = f.read(MAX_FILE)
     except OSError:
         return []
+    return _events(data[:data.rfind(b"\n") + 1])
+
+
+def _events(data: bytes) -> list[dict[str, Any]]:
     events = []
-    for line in lines:
+    for line in data.split(b"\n"):
         with contextlib.suppress(Refused):
-            event = loads(line, max_bytes=MAX_EVENT)
-            if _well_formed(event):
+            if (event := _event(loads(line, max_bytes=MAX_EVENT))) is not None:
                 events.append(event)
     return events
 
 
-def _well_formed(event: Any) -> bool:
-    """An object whose kind is a string and whose numbers are finite numbers."""
-    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
-        return False
-    return all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-               for v in (event[k] for k in _NUMBERS if k in event))
+def _event(doc: Any) -> dict[str, Any] | None:
+    """``doc`` as the event autotune writes: a known kind with each of its numbers a finite
+    number, and nothing else; None when it is not one."""
+    if not isinstance(doc, dict) or doc.get("event") not in _EVENTS:
+        return None
+    needed, optional = _EVENTS[doc["event"]]
+    if any(k not in doc for k in needed):
+        return None
+    event: dict[str, Any] = {"event": doc["event"]}
+    for key in ("t", *needed, *optional):
+        if key in doc:
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value):
+                return None
+            event[key] = value
+    return event
 
 
 def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
@@ -97,9 +120,24 @@ def read_windows(path: str) -> list[Window]:
     return windows
 
 
-def forward(path: str, seen: int, on_event: Callable[[dict[str, Any]], None]) -> int:
-    """Hand the events after the first ``seen`` to ``on_event``; how many were seen now."""
-    events = read_events(path)
-    for event in events[seen:]:
-        on_event(event)
-    return max(seen, len(events))
+class Tail:
+    """The events of a trial's progress file as they are written: each look reads on from
+    where the last one stopped, at most ``_PER_LOOK`` bytes."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset = path, 0
+
+    def forward(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+        """Hand each new, whole event to ``on_event``."""
+        try:
+            with open_file(self.path) as f:
+                f.seek(self.offset)
+                data = f.read(_PER_LOOK)
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) > MAX_EVENT:
+            end = len(data)  # no line end within an event's length: not an event, passed over
+        self.offset += end
+        for event in _events(data[:end]):
+            on_event(event)

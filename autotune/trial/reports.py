@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.config.knobs import KNOBS
 from autotune.trial.result import ReadbackDoc
-from autotune.trial.untrusted import Refused, loads
+from autotune.trial.untrusted import Refused, loads, open_file
 
 # The shortest optimizer step a report may claim: reporting one step (``autotune.step()``)
 # costs ~3 us (benchmarks/step_cost.py), so end times closer than this were not measured.
@@ -31,8 +31,10 @@ _ACCESS_NAME = re.compile(r"[a-z_]{1,40}")
 # The longest line a step file may hold: a step is ~60 bytes, the bootstrap's read-back a few
 # KB. Past it, a line is not autotune's, and an unfinished one is not kept growing.
 MAX_LINE = 64 * 1024
-# How much of a step file is read at a time (the tuner's memory, whatever the script writes).
+# How much of a step file is read at a time (the tuner's memory, whatever the script writes),
+# and at most in one look (~30,000 steps: a script's steps take 20 us or more).
 _CHUNK = 1 << 20
+_PER_READ = 2 * _CHUNK
 
 
 # What a read-back line may hold (``autotune.bootstrap``): knob and field names, short
@@ -145,16 +147,23 @@ class RankReports:
 
     def read(self, since: float) -> None:
         """New whole lines since the last read (tailed by offset: a long run has many), a
-        chunk at a time: what the script writes never sits whole in the tuner's memory."""
+        chunk at a time and at most ``_PER_READ`` bytes a look: what the script writes never
+        sits whole in the tuner's memory, and a script that writes faster than it can be read
+        never holds the tuner (its timeout and memory limit) in one look."""
         if self.bad is not None:
             return
         try:
-            with open(self.path, "rb") as f:
+            with open_file(self.path) as f:
                 f.seek(self.offset)
-                while self.bad is None and (data := f.read(_CHUNK)):
+                for _ in range(_PER_READ // _CHUNK):
+                    data = f.read(_CHUNK)
+                    if not data:
+                        break
                     self.offset += len(data)
                     self._lines(data, since)
-        except OSError:
+                    if self.bad is not None:
+                        break
+        except OSError:  # not there yet, or not a regular file (then no step is ever read)
             return
 
     def _lines(self, data: bytes, since: float) -> None:
@@ -212,7 +221,8 @@ class RankReports:
                 self.accessed.append(name)
         elif "start" in e:  # a process began reporting as this rank
             pid = e.get("pid")
-            if isinstance(pid, int) and not isinstance(pid, bool) and pid not in self.pids:
+            if isinstance(pid, int) and not isinstance(pid, bool) and pid not in self.pids \
+                    and len(self.pids) < 8:  # two tell it; a flood of starts keeps eight
                 self.pids.append(pid)
         else:
             raise BadReport(f"rank {self.index} wrote {str(e)[:80]!r}, not a step report")

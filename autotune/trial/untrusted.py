@@ -7,9 +7,11 @@ Standard library only."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # Autotune's own documents nest a few levels (a result's script read-back is four deep).
 MAX_DEPTH = 32
@@ -39,7 +41,8 @@ def nesting(data: bytes, stop_at: int = MAX_DEPTH) -> int:
 
 
 def loads(data: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads(data)`` within ``max_bytes`` and ``max_depth``; raises ``Refused``."""
+    """``json.loads(data)`` within ``max_bytes`` and ``max_depth``; raises ``Refused``. UTF-8
+    only: the depth is counted on its bytes (JSON in UTF-16 could hide its brackets)."""
     raw = data.encode(errors="surrogatepass") if isinstance(data, str) else data
     if len(raw) > max_bytes:
         raise Refused(f"longer than {max_bytes} bytes ({len(raw)})")
@@ -47,14 +50,28 @@ def loads(data: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> A
     if depth > max_depth:
         raise Refused(f"nested more than {max_depth} levels deep")
     try:
-        return json.loads(raw)
+        return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise Refused(f"not JSON ({str(exc)[:80]})") from None
 
 
+def open_file(path: str | Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file, not a link: a FIFO the trial puts
+    in its folder would block the tuner in ``open``, a link would read another file. Raises
+    ``OSError`` otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_file(path: str | Path, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
-    """The JSON document in the file at ``path``, read no further than ``max_bytes`` + 1;
-    raises ``Refused`` (a file that cannot be read raises ``OSError``)."""
-    with open(path, "rb") as f:
+    """The JSON document in the regular file at ``path``, read no further than ``max_bytes``
+    + 1; raises ``Refused`` (a file that cannot be read, or is no regular file, ``OSError``)."""
+    with open_file(path) as f:
         data = f.read(max_bytes + 1)
     return loads(data, max_bytes=max_bytes, max_depth=max_depth)

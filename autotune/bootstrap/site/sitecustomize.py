@@ -5,8 +5,9 @@ CMD`` and of ``autotune launch``. It hooks the training frameworks as the script
 is imported.
 
 In a trial, each Python process it reaches says so first (``_mark``): a file named for its pid
-in the trial's ``reached/`` folder, ``ok`` or why it could not hook. A forked child (no
-interpreter start) is marked by the fork itself. The tuner ends a trial in which a Python
+in the trial's ``reached/`` folder, ``ok`` (hooked), ``worker`` (a process that never trains:
+nothing hooked) or why it could not hook. A forked child (no interpreter start) is marked by
+the fork itself. The tuner ends a trial in which a Python
 process runs without a mark (``python -I``, a cleared environment, another Python): unhooked,
 it would train with the user's outputs, checkpoints and trackers."""
 
@@ -31,7 +32,8 @@ REACHED = "reached"
 
 
 def _mark(status: str) -> None:
-    """Say that the bootstrap reached this process of a trial (``ok``) or why it is idle."""
+    """Say that the bootstrap reached this process of a trial: ``ok``, ``worker``, or why it
+    could not hook it."""
     folder = os.environ.get("AUTOTUNE_TRIAL_DIR")
     if os.environ.get("AUTOTUNE_BOOTSTRAP") != "trial" or not folder:
         return
@@ -45,19 +47,22 @@ def _mark(status: str) -> None:
         pass  # the trial's folder is gone: the tuner ends the trial on that
 
 
-def _reached() -> None:
+def _reached(status: str) -> None:
     """Mark this process, and every child it forks (loader workers, a compile worker's pool):
     a fork is no interpreter start, so this file does not run in it."""
-    _mark("ok")
-    os.register_at_fork(after_in_child=lambda: _mark("ok"))
+    _mark(status)
+    os.register_at_fork(after_in_child=lambda: _mark(status))
 
 
 def _install() -> None:
     if not os.environ.get("AUTOTUNE_BOOTSTRAP"):
         return
     if not _may_train():
-        _reached()  # it never trains: nothing to hook
+        _reached("worker")  # reached; it never trains, so nothing is hooked
         return
+    # Marked before autotune's import (a tenth of a second, more from a cold disk): the tuner
+    # gives an unmarked Python process only a moment. A failed import replaces the mark.
+    _reached("ok")
     try:
         from autotune.bootstrap import hooks
     except ImportError as exc:  # this python cannot import autotune: the script runs as is
@@ -65,7 +70,6 @@ def _install() -> None:
               "without it", file=sys.stderr)
         _mark(f"{sys.executable} cannot import autotune ({exc})")
         return
-    _reached()
     hooks.install()
 
 

@@ -41,6 +41,13 @@ LINES = {
     "no-line-end": "x" * (1 << 20),
 }
 
+# Progress events that once ended the run: a kind without its numbers (the console formats
+# them), keys the --json events use themselves ("trial", "kind"), a number that is text.
+PROGRESS = [{"event": "built"}, {"event": "x", "trial": 1, "kind": "y"},
+            {"event": "window", "trial": 1, "kind": "y", "index": 0, "samples": 1,
+             "seconds": 1.0, "samples_per_sec": 1.0},
+            {"event": "warmup_step", "seconds": "slow"}]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -95,14 +102,21 @@ def main() -> None:
             autotune.step(batch, data_s=math.nan)
         elif behave == "nan-loss":
             autotune.step(batch, loss=math.nan if step >= 5 else 0.5)
+        elif behave == "junk-progress" and step == 5:
+            # The folder is the script's: events no trial writes, in the tuner's progress file.
+            with open(os.path.join(folder, "progress.jsonl"), "a") as f:
+                for event in PROGRESS:
+                    f.write(json.dumps(event) + "\n")
+            autotune.step(batch)
         elif behave in LINES and step == 5:
             with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
                 f.write(LINES[behave])
             time.sleep(60)
         elif behave == "nested" and step == 5:
-            # A second training process of this rank: a python the script starts.
-            subprocess.Popen([sys.executable, __file__, "--behave", "ok"])
+            # A second training process of this rank: a python the script starts, and waits
+            # for (the next steps reported are the nested one's).
             autotune.step(batch)
+            subprocess.run([sys.executable, __file__, "--behave", "ok"], check=False)
         elif behave == "not-json" and step == 5:
             raw(folder, {"s": step, "t": time.time(), "n": batch})
             with open(os.path.join(folder, "steps.rank0.jsonl"), "a") as f:
