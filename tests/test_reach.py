@@ -92,8 +92,8 @@ def test_a_python_behind_a_wrapper_with_such_a_flag_ends_the_trial(
     wrapper.chmod(0o755)
     m = _trial(tmp_path, [str(wrapper)])
     assert m.status == "error", m.reason
-    assert "is a Python that autotune's bootstrap did not reach (its -I keeps it out)" in \
-        (m.reason or "")
+    # Named by its -I, or, when found by its steps after it ended, by its missing mark.
+    assert "is a Python that autotune's bootstrap did not reach (" in (m.reason or ""), m.reason
     assert "without -I, -E or -S" in (m.reason or "")
     assert m.samples_per_sec is None
     assert not (tmp_path / "checkpoint.pt").exists()  # ended before it wrote into the folder
@@ -143,6 +143,13 @@ def test_a_mark_that_says_why_ends_the_trial_with_that_reason(tmp_path: Path) ->
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_bootstrap_marks_where_the_tuner_reads() -> None:
+    # sitecustomize names the folder itself: it marks before it imports anything of autotune's.
+    from autotune.bootstrap import SITE
+
+    assert f'\nREACHED = "{REACHED}"\n' in (SITE / "sitecustomize.py").read_text()
 
 
 def test_marks_are_read_as_what_a_trial_could_put_there(tmp_path: Path) -> None:

@@ -180,7 +180,7 @@ def on_trainer(module: ModuleType) -> None:
     cls.__init__, cls.create_optimizer = __init__, create_optimizer
     cls.train = _fresh_in_trials(cls.train)
     for name, result in SKIPPED.items():
-        setattr(cls, name, _skipped_in_trials(getattr(cls, name), result))
+        setattr(cls, name, hooks.skipped_in_trials(getattr(cls, name), result))
 
 
 def _fresh_in_trials(train: Any) -> Any:
@@ -200,9 +200,7 @@ def _fresh_in_trials(train: Any) -> Any:
             kwargs["resume_from_checkpoint"] = None
         if "resume_from_checkpoint" not in state.isolated:
             state.isolated.append("resume_from_checkpoint")
-        steps.note_once(f"autotune: train(resume_from_checkpoint={asked!r}) in a trial trains "
-                        "from the start: a trial measures the config, not the rest of a run "
-                        "(`autotune launch` resumes as the script asks)")
+        hooks.note_fresh_start(f"train(resume_from_checkpoint={asked!r})")
         return train(self, *args, **kwargs)
 
     return fresh
@@ -213,17 +211,6 @@ def _fresh_in_trials(train: Any) -> Any:
 # would (``evaluate`` its metrics: none), so the script goes on to its end.
 SKIPPED: dict[str, Any] = {"save_model": None, "save_state": None, "evaluate": {},
                            "push_to_hub": None}
-
-
-def _skipped_in_trials(method: Any, result: Any) -> Any:
-    @functools.wraps(method)
-    def skipped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = _state()
-        if state is None or state.mode != TRIAL:
-            return method(self, *args, **kwargs)
-        return dict(result) if isinstance(result, dict) else result
-
-    return skipped
 
 
 def _prepare_model(model: Any, state: _State) -> None:

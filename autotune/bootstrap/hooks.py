@@ -8,6 +8,7 @@ unhooked (a trial of it then reports no step, and the tuner says why)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -93,3 +94,27 @@ class _Loader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for inspect
         return getattr(self.inner, name)
+
+
+def skipped_in_trials(method: Callable[..., Any], result: Any) -> Callable[..., Any]:
+    """``method`` returning (a copy of) ``result`` at once in a trial, as itself elsewhere:
+    what a script does with its Trainer after training (save, evaluate, push), whose outputs
+    a trial never writes; its windows are measured by then."""
+    @functools.wraps(method)
+    def skipped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if mode() != TRIAL:
+            return method(self, *args, **kwargs)
+        return type(result)(result) if isinstance(result, dict | list) else result
+
+    return skipped
+
+
+def note_fresh_start(call: str) -> None:
+    """Say once that ``call``, a resume the script asks for in code, trains from the start in
+    a trial: a trial measures the config, never the rest of another run (nor reads its
+    checkpoint)."""
+    from autotune import steps
+
+    steps.note_once(f"autotune: {call} in a trial trains from the start: a trial measures the "
+                    "config, not the rest of a run (`autotune launch` resumes as the script "
+                    "asks)")

@@ -153,7 +153,7 @@ def hook_trainer(package: str) -> None:
     cls.fit, cls.predict = _in_trials(cls.fit, fit), _in_trials(cls.predict, predict)
     cls.save_checkpoint = _only_into_the_trial(cls.save_checkpoint)
     for name, result in SKIPPED.items():
-        setattr(cls, name, _skipped_in_trials(getattr(cls, name), result))
+        setattr(cls, name, hooks.skipped_in_trials(getattr(cls, name), result))
 
 
 Before = Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
@@ -169,16 +169,6 @@ def _in_trials(method: Any, before: Before) -> Any:
 
     wrapper._autotune = True  # type: ignore[attr-defined]
     return wrapper
-
-
-def _skipped_in_trials(method: Any, result: Any) -> Any:
-    @functools.wraps(method)
-    def skipped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if hooks.mode() != TRIAL:
-            return method(self, *args, **kwargs)
-        return list(result) if isinstance(result, list) else result
-
-    return skipped
 
 
 def _only_into_the_trial(save: Any) -> Any:
@@ -245,9 +235,7 @@ def _fresh(trainer: Any, signature: inspect.Signature, args: tuple[Any, ...],
     if getattr(trainer, "ckpt_path", None):
         trainer.ckpt_path = None
     _record("ckpt_path")
-    steps.note_once(f"autotune: fit(ckpt_path={asked!r}) in a trial trains from the start: a "
-                    "trial measures the config, not the rest of a run (`autotune launch` "
-                    "resumes as the script asks)")
+    hooks.note_fresh_start(f"fit(ckpt_path={asked!r})")
     return bound.args[1:], bound.kwargs
 
 

@@ -7,9 +7,9 @@ is imported.
 In a trial, each Python process it reaches says so first (``_mark``): a file named for its pid
 in the trial's ``reached/`` folder, ``ok`` (hooked), ``worker`` (a process that never trains:
 nothing hooked) or why it could not hook. A forked child (no interpreter start) is marked by
-the fork itself. The tuner ends a trial in which a Python
-process runs without a mark (``python -I``, a cleared environment, another Python): unhooked,
-it would train with the user's outputs, checkpoints and trackers."""
+the fork itself. The tuner ends a trial in which a Python process runs without a mark
+(``python -I``, a cleared environment, another Python): unhooked, it would train with the
+user's outputs, checkpoints and trackers."""
 
 import os
 import sys
@@ -27,7 +27,8 @@ def _may_train() -> bool:
     return not any("compile_worker" in a for a in argv)
 
 
-# The folder of a trial's marks (``autotune.trial.reach`` reads it), in the trial's folder.
+# The folder of a trial's marks, in the trial's folder: ``autotune.trial.command.REACHED``
+# (this file imports nothing of autotune's before it marks; tests/test_reach checks the two).
 REACHED = "reached"
 
 

@@ -26,34 +26,10 @@ from pathlib import Path
 from autotune.trial.executors import SPEC_ENV
 from autotune.trial.executors.relay import MAX_LINE, line
 from autotune.trial.processes import TRIAL_TOKEN, new_token, reap
-from autotune.trial.untrusted import Refused, load_file, loads
+from autotune.trial.progress import Tail
+from autotune.trial.untrusted import Refused, load_file
 
 POLL_S = 0.2
-
-
-class _Progress:
-    """The new complete lines of the ranks' progress file, sent as they appear."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-
-    def send(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read(4 * MAX_LINE)
-        except OSError:
-            return
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) > MAX_LINE:
-            end = len(data)  # no line end in a line's length: not an event, skipped
-        for raw in data[:end].splitlines():
-            try:
-                event = loads(raw, max_bytes=MAX_LINE)
-            except Refused:
-                continue
-            _send(line("progress", doc=event))
-        self.offset += end
 
 
 def _send(text: str) -> None:
@@ -99,7 +75,11 @@ def main(flags: list[str]) -> int:
     parent = os.getppid()
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    progress = _Progress(files["progress"])
+    progress = Tail(str(files["progress"]))
+
+    def send_progress() -> None:  # the ranks' new events, as the tuner's own tail reads them
+        progress.forward(lambda event: _send(line("progress", doc=event)))
+
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                             stderr=sys.stderr.fileno(), start_new_session=True)
     try:
@@ -107,12 +87,12 @@ def main(flags: list[str]) -> int:
             if os.getppid() != parent:
                 ended.append(signal.SIGHUP)
                 break
-            progress.send()
+            send_progress()
             time.sleep(POLL_S)
     finally:
         left = reap(token, proc.pid)
         proc.wait()
-        progress.send()
+        send_progress()
         _send_files(files["result"])
         shutil.rmtree(folder, ignore_errors=True)
     if left:
