@@ -194,8 +194,8 @@ def studies(
     """List the studies in a storage: measured trials, the winner's samples/sec, its speedup
     (confirmed side by side, or the search windows' own), last activity."""
     from autotune.paths import shown
-    from autotune.tuner.results import list_studies
     from autotune.tuner.snapshot import CONFIRMED
+    from autotune.tuner.studies import list_studies
 
     rows = sorted(list_studies(storage), key=lambda r: str(r.last_activity), reverse=True)
     if not rows:

@@ -26,7 +26,7 @@ from autotune.tuner.budget import (
     plan_trial,
     startup_seconds,
 )
-from autotune.tuner.confirm import END_OF_SEARCH_S, SPREAD_ROUNDS, candidates, costs, reserve
+from autotune.tuner.confirm_rounds import END_OF_SEARCH_S, SPREAD_ROUNDS, candidates, costs, reserve
 from autotune.tuner.confirmation import NO_WIN, Candidate, confirmation_seconds, decide, settled
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
@@ -398,7 +398,7 @@ def _study(trials: list[FrozenTrial], confirmation: dict[str, Any] | None) -> op
 
 def test_no_win_beyond_noise_exports_the_baselines_settings_at_speedup_one(
         tmp_path: Any) -> None:
-    from autotune.tuner.confirm import export
+    from autotune.tuner.export import write_profile as export
 
     trials = [_ok_trial(0, 8, 0.77, 70.0, baseline=True), _ok_trial(1, 16, 0.81, 150.0)]
     base, best = cand(0, [0.78, 0.80], baseline=True), cand(1, [0.80, 0.81])
@@ -415,7 +415,7 @@ def test_no_win_beyond_noise_exports_the_baselines_settings_at_speedup_one(
 
 
 def test_a_single_window_figure_is_never_the_exported_speedup(tmp_path: Any) -> None:
-    from autotune.tuner.confirm import export
+    from autotune.tuner.export import write_profile as export
 
     one_window = _ok_trial(1, 16, 0.81, 150.0)
     one_window.user_attrs["measurement"]["spread_cv"] = None

@@ -14,8 +14,9 @@ from autotune.config.knobs import Config
 from autotune.profile.load import load_profile
 from autotune.trial.measurement import Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.confirm import another_round, candidates, confirm, costs, export
+from autotune.tuner.confirm_rounds import another_round, candidates, confirm, costs
 from autotune.tuner.confirmation import confirmation_seconds
+from autotune.tuner.export import write_profile as export
 from autotune.tuner.snapshot import read
 from tests.test_budget import GIB, SETTINGS, _ok_trial, _study
 
@@ -167,7 +168,7 @@ def test_the_rounds_that_fit_count_the_wider_first_round_once() -> None:
 
 
 def test_the_next_round_is_costed_by_the_configs_that_go_on() -> None:
-    from autotune.tuner.confirm import next_round_s
+    from autotune.tuner.confirm_rounds import next_round_s
     from autotune.tuner.confirmation import Candidate
 
     a, b, c = (Candidate(i, Config(micro_batch_size=2 ** i)) for i in range(3))
@@ -178,7 +179,7 @@ def test_the_next_round_is_costed_by_the_configs_that_go_on() -> None:
 
 
 def test_the_reserve_keeps_the_wider_first_round_where_more_configs_tie() -> None:
-    from autotune.tuner.confirm import END_OF_SEARCH_S, reserve
+    from autotune.tuner.confirm_rounds import END_OF_SEARCH_S, reserve
     from tests.test_budget import _snap
 
     base = _ok_trial(0, 8, 0.5, 60.0, baseline=True)

@@ -169,7 +169,7 @@ def _snapshot(*records: TrialRecord) -> StudySnapshot:
 def test_compile_pays_for_itself_after_the_steps_its_saving_buys_back() -> None:
     import optuna
 
-    from autotune.tuner.results import compile_payback, payback_words
+    from autotune.tuner.export import compile_payback, payback_words
 
     def trial(number: int, config: Config, rate: float,
               compiled: dict | None = None) -> TrialRecord:

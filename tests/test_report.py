@@ -22,7 +22,7 @@ from autotune.report import PANELS, build_dashboard, gather
 from autotune.report.importance import MIN_TRIALS
 from autotune.tuner import snapshot
 from autotune.tuner.confirmation import NO_WIN
-from autotune.tuner.results import build_profile
+from autotune.tuner.export import build_profile
 from tests.conftest import autotune
 
 GIB = 2**30
@@ -338,7 +338,7 @@ def test_without_a_confirmation_the_speedup_is_the_search_trials_labelled_so() -
 def test_one_mfu_the_profiles_at_the_confirmed_rate(tmp_path: Path) -> None:
     """The search trial measured 216 samples/s (21.6% MFU), the confirmation 163 (16.3%): the
     header, the profile and its diagnosis all say 16.3%."""
-    from autotune.tuner.confirm import export
+    from autotune.tuner.export import write_profile as export
 
     study = _search_won_more_than_confirmed(confirm=True)
     profile = export(study, snapshot.read(study), "sqlite://", None, tmp_path / "p.yaml")

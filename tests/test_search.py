@@ -269,7 +269,7 @@ def test_pruning_reads_only_well_formed_window_events() -> None:
     """What pruning reads of a trial's progress file: a window's rate and whether it was one
     whole step. A script's trial folder is the script's to write: an event whose numbers are
     not finite numbers is not a window (it neither prunes the trial nor ends the run)."""
-    from autotune.tuner.measure import window_event
+    from autotune.tuner.measurer import window_event
 
     one = {"event": "window", "samples_per_sec": 1.2, "samples": 8, "seconds": 6.6}
     assert window_event(one, 8, 1.0) == (1.2, True)

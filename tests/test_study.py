@@ -25,9 +25,9 @@ from autotune.profile import FingerprintWarning, load_profile
 from autotune.testing.hardware import fake_cpu
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import snapshot
+from autotune.tuner.identity import Identity, open_study
 from autotune.tuner.record import TrialRecord, read_trials
 from autotune.tuner.runner import Runner, RunOptions
-from autotune.tuner.study import Identity, open_study
 from autotune.workloads import WorkloadSpec
 from tests.conftest import FAST, ROOT, autotune
 

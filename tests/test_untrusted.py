@@ -181,7 +181,7 @@ def test_a_stored_study_name_cannot_steer_the_dashboard_outside_studies(tmp_path
 def test_default_study_names_are_folder_names_whatever_the_workload_calls_itself() -> None:
     from autotune.config.space import load_space, narrow
     from autotune.testing.hardware import fake_cpu
-    from autotune.tuner.study import default_name
+    from autotune.tuner.identity import default_name
     from autotune.workloads import WorkloadSpec
 
     hw = fake_cpu()

@@ -14,8 +14,8 @@ from autotune.machine.hardware import describe_fingerprint
 from autotune.report.importance import Importance, rank
 from autotune.tuner import snapshot
 from autotune.tuner.confirmation import Confirmation
+from autotune.tuner.export import Efficiency, compile_payback, efficiency, payback_words, rate_of
 from autotune.tuner.record import TrialRecord
-from autotune.tuner.results import Efficiency, compile_payback, efficiency, payback_words, rate_of
 from autotune.tuner.snapshot import Speedup, StudySnapshot
 
 if TYPE_CHECKING:

@@ -65,7 +65,7 @@ class Candidate:
 def confirmation_seconds(cands: Sequence[Candidate], costs: dict[int, float],
                          rounds: int) -> float:
     """What ``rounds`` rounds of ``cands`` take, from what one run of each costs (its start-up
-    and its round's measuring budget, ``confirm.costs``), with 2 s each for the process."""
+    and its round's measuring budget, ``confirm_rounds.costs``), with 2 s each for the process."""
     return rounds * sum(costs.get(c.number, 0.0) + 2.0 for c in cands)
 
 
@@ -104,7 +104,7 @@ def plan_confirmation(cands: Sequence[Candidate], costs: dict[int, float], round
     """The candidates (best first) and rounds that fit ``left`` seconds, or why none fits:
     fewer rounds first, then fewer configs (the baseline stays); never fewer than two rounds
     (a spread), or ``pair_rounds`` once only the best config and the baseline are left (one
-    where the search's lead is decisive: ``confirm.pair_rounds``). With ``keep``, only that
+    where the search's lead is decisive: ``confirm_rounds.pair_rounds``). With ``keep``, only that
     many configs go on past the first round (``screen``). Without a deadline, all of them."""
     cands = list(cands)
     if len(cands) < 2:

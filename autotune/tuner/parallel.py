@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from autotune.tuner.measure import Measurer
+from autotune.tuner.measurer import Measurer
 from autotune.tuner.reporting import Reporter
 
 JOIN_POLL_S = 0.5

@@ -33,18 +33,19 @@ from autotune.trial.executors import Executor, start_executor
 from autotune.tuner import (
     budget,
     claims,
-    confirm,
+    confirm_rounds,
     options,
     record,
     stages,
     storage,
 )
 from autotune.tuner.diagnosis import Finding
-from autotune.tuner.measure import Measurer
+from autotune.tuner.export import diagnose_record
+from autotune.tuner.identity import Identity, default_name, open_study
+from autotune.tuner.measurer import Measurer
 from autotune.tuner.options import RunOptions
 from autotune.tuner.parallel import SerialReporter, run_slots
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
-from autotune.tuner.results import diagnose_record
 from autotune.tuner.search import (
     Proposal,
     noise_of,
@@ -52,8 +53,7 @@ from autotune.tuner.search import (
     staged_next,
 )
 from autotune.tuner.snapshot import StudySnapshot
-from autotune.tuner.study import Identity, default_name, open_study
-from autotune.tuner.trials import TrialSteps
+from autotune.tuner.trial_steps import TrialSteps
 from autotune.units import format_duration
 from autotune.workloads import WorkloadSpec, declared_knobs, resolve, script_workload
 
@@ -329,11 +329,11 @@ class Runner(TrialSteps):
 
     def _confirmation_reserve(self, snap: StudySnapshot) -> float:
         o = self.opts
-        return confirm.reserve(snap, o.confirm_top, o.confirm_rounds, o.timeout_s, o.measure)
+        return confirm_rounds.reserve(snap, o.confirm_top, o.confirm_rounds, o.timeout_s, o.measure)
 
     def _confirm(self, deadline: float | None) -> None:
         o = self.opts
-        self.confirm_skipped = confirm.confirm(
+        self.confirm_skipped = confirm_rounds.confirm(
             self.study, lambda c, w, t, s: self.measure_config(c, w, t, s, report=False),
             o.measure, limit=self.limit, top=o.confirm_top, rounds=o.confirm_rounds,
             headroom=o.headroom, trial_timeout_s=o.trial_timeout_s, deadline=deadline,

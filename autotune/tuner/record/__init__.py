@@ -5,6 +5,10 @@ With ``tuner/storage.py``, the only code that reads Optuna's ``user_attrs``: eve
 reads typed records (``tuner.snapshot`` gathers them per read of the study).
 """
 
+from autotune.tuner.record.facts import (
+    StudyFacts,
+    read_facts,
+)
 from autotune.tuner.record.read import (
     Forecast,
     Pending,
@@ -20,10 +24,6 @@ from autotune.tuner.record.read import (
     running_twins,
     was_interrupted,
     worker_of,
-)
-from autotune.tuner.record.study import (
-    StudyFacts,
-    read_facts,
 )
 from autotune.tuner.record.write import (
     NOT_RUN,

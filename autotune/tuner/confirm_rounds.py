@@ -32,7 +32,6 @@ from pathlib import Path
 import optuna
 
 from autotune.config.knobs import Config
-from autotune.profile import Profile
 from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import snapshot
@@ -49,7 +48,6 @@ from autotune.tuner.confirmation import (
     settled,
 )
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SCREEN, CONFIRM_SHARE
-from autotune.tuner.results import build_profile
 from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
 from autotune.units import format_duration
@@ -262,16 +260,3 @@ def _round(r: int, rounds: int, cands: list[Candidate],
         results.append((c, m))
         on_round(r, rounds, c, m)
     return results
-
-
-def export(study: optuna.Study, snap: StudySnapshot, storage: str, global_batch: int | None,
-           path: Path) -> Profile | None:
-    """Write the profile of the confirmed winner, else of the best trial, of the study as
-    ``snap`` read it, to ``path``; None when nothing has been measured successfully yet."""
-    profile = build_profile(snap, storage, global_batch)
-    if profile is None:
-        return None
-    profile.save(path)
-    if list(snap.facts.diagnosis) != profile.diagnosis:
-        study.set_user_attr("diagnosis", profile.diagnosis)  # for the dashboard
-    return profile

@@ -24,8 +24,9 @@ from autotune.trial.command import Command
 from autotune.trial.measurement import BUDGET, INTERRUPTED, NODE_LOST, TRIAL_TIMEOUT, Measurement
 from autotune.trial.result import ReadbackDoc
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner import budget, claims, confirm, record, snapshot, storage, verdict
-from autotune.tuner.measure import Measurer
+from autotune.tuner import budget, claims, record, snapshot, storage, verdict
+from autotune.tuner.export import write_profile
+from autotune.tuner.measurer import Measurer
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Reporter
 from autotune.tuner.search import MemoryModel
@@ -319,7 +320,7 @@ class TrialSteps:
         return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)
 
     def _export(self, snap: StudySnapshot) -> Profile | None:
-        return confirm.export(self.study, snap, storage.redact(self.storage_url),
+        return write_profile(self.study, snap, storage.redact(self.storage_url),
                               self.opts.global_batch, self.out_dir / "profile.yaml")
 
 

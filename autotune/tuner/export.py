@@ -1,12 +1,14 @@
-"""What a study's results say: the diagnosis of a trial, the exported profile, and the list of
-studies. Pure functions over a ``StudySnapshot`` (``list_studies`` reads a storage through
-``storage.py``); the running lives in runner.py."""
+"""The profile a study exports, and the diagnosis it carries: built from a ``StudySnapshot``
+(pure), and written in one place (``write_profile``)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
+
+import optuna
 
 from autotune.config.knobs import Config, env_for
 from autotune.machine.probe import peak_for
@@ -19,10 +21,9 @@ from autotune.profile.documents import (
     ResultDoc,
 )
 from autotune.trial.measurement import Measurement
-from autotune.tuner import snapshot
 from autotune.tuner.diagnosis import Finding, diagnose, mfu
 from autotune.tuner.record import TrialRecord
-from autotune.tuner.snapshot import Speedup, StudySnapshot
+from autotune.tuner.snapshot import StudySnapshot
 
 
 def diagnose_record(snap: StudySnapshot, r: TrialRecord,
@@ -237,30 +238,14 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-@dataclass(frozen=True)
-class StudyRow:
-    """One study of a storage, as `autotune studies` lists it."""
-
-    study: str
-    trials: int
-    best_samples_per_sec: float | None
-    speedup: Speedup | None
-    last_activity: datetime | None
-
-
-def list_studies(storage_url: str) -> list[StudyRow]:
-    """One row per study of an existing storage: measured trials, the winner's samples/sec,
-    its speedup and which kind it is (confirmed side by side, or the search windows'), last
-    activity."""
-    from autotune.tuner.storage import all_studies
-
-    rows = []
-    for study, summary in all_studies(storage_url):
-        snap = snapshot.read(study)
-        times = [t.datetime_complete or t.datetime_start for t in study.trials]
-        stamps = [t for t in times if t is not None]
-        best = snap.winner
-        rows.append(StudyRow(summary.study_name, len(snap.measured),
-                             best.samples_per_sec if best else None, snap.speedup,
-                             max(stamps) if stamps else summary.datetime_start))
-    return rows
+def write_profile(study: optuna.Study, snap: StudySnapshot, storage: str,
+                  global_batch: int | None, path: Path) -> Profile | None:
+    """Write the profile of the confirmed winner, else of the best trial, of the study as
+    ``snap`` read it, to ``path``; None when nothing has been measured successfully yet."""
+    profile = build_profile(snap, storage, global_batch)
+    if profile is None:
+        return None
+    profile.save(path)
+    if list(snap.facts.diagnosis) != profile.diagnosis:
+        study.set_user_attr("diagnosis", profile.diagnosis)  # for the dashboard
+    return profile
