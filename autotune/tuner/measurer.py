@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import optuna
 
@@ -33,6 +33,15 @@ from autotune.tuner import fleet, record
 from autotune.tuner.diagnosis import with_efficiency
 from autotune.tuner.pruning import prune_reason
 from autotune.workloads import WorkloadSpec
+
+
+class MeasureTrial(Protocol):
+    """How a run measures one config: ``Measurer.run`` (a real trial process), or what a test
+    or the search benchmark injects in its place (``autotune.testing.replay``)."""
+
+    def __call__(self, config: Config, workdir: Path, timeout: float, settings: MeasureSettings,
+                 prune_below: float | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> Measurement: ...
 
 
 def compile_cache(workdir: Path) -> Path:

@@ -42,7 +42,7 @@ from autotune.tuner import (
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.export import diagnose_record
 from autotune.tuner.identity import Identity, default_name, open_study
-from autotune.tuner.measurer import Measurer
+from autotune.tuner.measurer import Measurer, MeasureTrial
 from autotune.tuner.options import RunOptions
 from autotune.tuner.parallel import SerialReporter, run_slots
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
@@ -68,7 +68,11 @@ class Runner(TrialSteps):
     """One ``autotune run``: set-up, the trial loop, confirmation and export."""
 
     def __init__(self, opts: RunOptions, reporter: Reporter,
-                 dashboard: Dashboard | None = None) -> None:
+                 dashboard: Dashboard | None = None, *,
+                 measure: MeasureTrial | None = None) -> None:
+        """``measure``: what measures one config instead of a trial process (tests in-process,
+        the search benchmark: ``autotune.testing.replay``)."""
+        self.injected = measure
         hw = opts.hardware or detect()
         options.check(opts, hw)
         self.opts = opts = opts.with_defaults(hw)

@@ -26,7 +26,7 @@ from autotune.trial.result import ReadbackDoc
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import budget, claims, record, snapshot, storage, verdict
 from autotune.tuner.export import write_profile
-from autotune.tuner.measurer import Measurer
+from autotune.tuner.measurer import Measurer, MeasureTrial
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Reporter
 from autotune.tuner.search import MemoryModel
@@ -57,6 +57,7 @@ class TrialSteps:
     no_room: str | None
     halted: str | None
     trainer_said: bool
+    injected: MeasureTrial | None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -294,9 +295,10 @@ class TrialSteps:
     def measure_config(self, config: Config, workdir: Path, timeout: float,
                        settings: MeasureSettings, prune_below: float | None = None,
                        report: bool = True) -> Measurement:
-        """One trial process for ``config`` (the search benchmark replaces this)."""
-        return self.measurer.run(config, workdir, timeout, settings, prune_below,
-                                 self.reporter.trial_event if report else None)
+        """One trial process for ``config``, or what the run was given to measure with."""
+        measure = self.injected or self.measurer.run
+        return measure(config, workdir, timeout, settings, prune_below,
+                       self.reporter.trial_event if report else None)
 
     def _workdir(self, trial: optuna.Trial) -> Path:
         return self.out_dir / "trials" / f"{trial.number:04d}"
