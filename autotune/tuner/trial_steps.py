@@ -304,19 +304,7 @@ class TrialSteps:
         return self.out_dir / "trials" / f"{trial.number:04d}"
 
     def _write(self, trial: optuna.Trial, rec: record.Record) -> None:
-        """Write a record on the trial and end it (``tuner.record`` decides what)."""
-        for key, value in rec.attrs.items():
-            trial.set_user_attr(key, value)
-        if rec.constraint is not None:
-            trial.set_constraint("memory", rec.constraint)
-        for i, value in enumerate(rec.intermediate):
-            trial.report(value, i)
-        if rec.state == TrialState.COMPLETE:
-            self.study.tell(trial, rec.value)
-        else:
-            self.study.tell(trial, state=rec.state)
-        if rec.retry_attrs is not None:
-            self.study.enqueue_trial(trial.params, user_attrs=dict(rec.retry_attrs))
+        record.tell(self.study, trial, rec)
 
     def _memory_model(self, snap: StudySnapshot) -> MemoryModel:
         return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)

@@ -36,13 +36,14 @@ from autotune.tuner.record.write import (
     of_prediction,
     of_rule,
     of_slow_prediction,
+    tell,
 )
 
 __all__ = [
     "NOT_RUN", "OVERSUBSCRIBED", "PREDICTED_OOM", "TOO_SLOW", "Forecast",
     "Pending", "Record", "StepForecast", "StudyFacts", "TrialRecord", "Worker",
     "baseline_pending", "budget_cut_before", "is_baseline",
-    "of_measurement", "of_no_room", "of_prediction", "of_rule", "of_slow_prediction",
+    "of_measurement", "of_no_room", "of_prediction", "of_rule", "of_slow_prediction", "tell",
     "read_facts", "read_pending", "read_trial", "read_trials", "running_twins",
     "was_interrupted", "worker_of",
 ]

@@ -1,5 +1,5 @@
 """What is written on a trial when it ends: a ``Record`` built from a Measurement (or from what
-a model or a rule predicted: nothing ran). Pure: the runner writes it.
+a model or a rule predicted: nothing ran), and ``tell``, which writes it and ends the trial.
 
 What the sampler sees, by outcome:
   ok        COMPLETE with the median samples/sec, each window's rate as an intermediate value;
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
+import optuna
 from optuna.trial import TrialState
 
 from autotune.trial.measurement import BUDGET, Measurement
@@ -141,3 +142,19 @@ def of_no_room(reason: str, limit: int) -> Record:
                    "memory_limit_bytes": limit}, TrialState.FAIL)
 
 
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, rec: Record) -> None:
+    """Write ``rec`` on ``trial`` and end it; queue its params again when it was no result."""
+    for key, value in rec.attrs.items():
+        trial.set_user_attr(key, value)
+    if rec.constraint is not None:
+        trial.set_constraint("memory", rec.constraint)
+    for i, value in enumerate(rec.intermediate):
+        trial.report(value, i)
+    if rec.state == TrialState.COMPLETE:
+        study.tell(trial, rec.value)
+    else:
+        study.tell(trial, state=rec.state)
+    if rec.retry_attrs is not None:
+        study.enqueue_trial(trial.params, user_attrs=dict(rec.retry_attrs))
