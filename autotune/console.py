@@ -14,7 +14,7 @@ from rich.text import Text
 
 from autotune.config.knobs import Config
 from autotune.events import JsonReporter
-from autotune.trial.measurement import Measurement
+from autotune.trial.measurement import Measurement, Status
 from autotune.tuner.confirmation import NO_WIN, Candidate
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.reporting import QuietReporter, RunSummary, StartInfo
@@ -137,7 +137,7 @@ class ConsoleReporter:
             tag = f" ({view.stage})"
         if best is not None and best.number == view.number:
             tag += " new best"
-        if view.status == "ok":
+        if view.status == Status.OK:
             what = (f"{_rate(view.samples_per_sec, view.spread_cv)}, "
                     f"{_step_text(view)}peak {format_bytes(view.peak_memory_bytes)}"
                     f"{_predicted_peak(view)}"

@@ -249,7 +249,7 @@ def test_on_a_journal_file_a_worker_silent_for_a_minute_on_another_host_is_dead(
     for trial, alive_at in ((silent, time.time() - 120), (beating, time.time() - 5)):
         trial.set_user_attr("worker", {"host": "another-host", "pid": 1, "started": 0.0})
         trial.set_user_attr("alive_at", alive_at)
-    runner._recover_dead_trials()
+    runner.steps.recover_dead_trials()
     trials = study.get_trials()
     assert trials[silent.number].state == TrialState.FAIL
     assert trials[silent.number].user_attrs["reason"] == "its tuner process died"
@@ -279,11 +279,11 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(
     dead = a.study.ask()
     dead.set_user_attr("worker", {"host": hostname(), "pid": os.getpid(), "started": 0.0})
     dead.set_user_attr("alive_at", time.time() - 120)
-    b._recover_dead_trials()  # its pid's start time is not this process's: dead
-    with a._locked():
+    b.steps.recover_dead_trials()  # its pid's start time is not this process's: dead
+    with a.steps.locked():
         retry = a._claim(a._ask())
     assert retry.number != dead.number and retry.user_attrs["retry_of"] == dead.number
-    b._recover_dead_trials()
+    b.steps.recover_dead_trials()
     trials = a.study.get_trials()
     assert trials[dead.number].state == TrialState.FAIL
     assert trials[retry.number].state == TrialState.RUNNING
@@ -292,5 +292,5 @@ def test_a_claimed_retry_is_not_taken_for_its_dead_workers_trial(
     # Seen from another host, the journal's heartbeat mark decides: the claim renewed the stale
     # one the retry inherited.
     monkeypatch.setattr("autotune.tuner.claims.hostname", lambda: "another-host")
-    b._recover_dead_trials()
+    b.steps.recover_dead_trials()
     assert a.study.get_trials()[retry.number].state == TrialState.RUNNING

@@ -47,20 +47,29 @@ RECORD = PACKAGE / "tuner" / "record"
 MAX_MODULE_LINES = 400
 
 
-def test_only_the_record_and_storage_read_user_attrs() -> None:
-    """Everything else reads typed records (TrialRecord, StudyFacts, StudySnapshot): a value
-    typed once is never read back by string keys from Optuna's attributes."""
+def test_only_the_record_and_storage_read_or_write_user_attrs() -> None:
+    """Everything else reads typed records (TrialRecord, StudyFacts, StudySnapshot) and writes
+    through ``tuner/record/``'s typed functions: a value typed once is never read back, or
+    written, by string keys on Optuna's attributes. Reads (``.user_attrs``), writes
+    (``set_user_attr``) and queued attributes (``enqueue_trial(..., user_attrs=...)``) are all
+    caught."""
     found = []
     for path in _modules():
         if path == STORAGE or RECORD in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "user_attrs":
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [], "user_attrs read outside tuner/record/ and tuner/storage.py: " + \
-        ", ".join(found)
-    # ... and the record really is where they are read (the rule is not vacuous).
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "set_user_attr"):
+                found.append(f"{where} .{node.attr}")
+            if isinstance(node, ast.keyword) and node.arg == "user_attrs":
+                found.append(f"{where} user_attrs=")
+    assert found == [], "user attributes touched outside tuner/record/ and tuner/storage.py: " \
+        + ", ".join(found)
+    # ... and the record really is where they are read and written (the rule is not vacuous).
     assert ".user_attrs" in (RECORD / "read.py").read_text()
+    written = (RECORD / "write.py").read_text()
+    assert "set_user_attr(" in written and "user_attrs=" in written
+    assert "set_user_attr(" in (RECORD / "facts.py").read_text()
 
 
 def test_no_module_is_longer_than_the_house_limit() -> None:
@@ -92,3 +101,19 @@ def test_no_function_is_longer_than_a_screen() -> None:
             if lines > MAX_FUNCTION_LINES:
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
     assert long == [], "split these along their own steps: " + ", ".join(long)
+
+
+def test_the_integrations_contract_forbids_every_trial_module_but_apply() -> None:
+    """import-linter cannot say "all of the trial but apply": its contract lists the trial's
+    modules one by one, and a new one must join the list, or the integrations could import it
+    (and, through it, the profile's circle could come back)."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in contracts["contracts"]
+                   if c["source_modules"] == ["autotune.integrations"]]
+    trial = PACKAGE / "trial"
+    modules = {f"autotune.trial.{p.stem if p.suffix else p.name}" for p in trial.iterdir()
+               if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").is_file()}
+    assert "autotune.trial.apply" in modules
+    missing = modules - {"autotune.trial.apply"} - set(contract["forbidden_modules"])
+    assert not missing, f"add {sorted(missing)} to the integrations' forbidden_modules"
+    assert not contracts.get("exclude_type_checking_imports", False)

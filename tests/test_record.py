@@ -8,6 +8,7 @@ from optuna.trial import TrialState
 
 from autotune.trial.measurement import BUDGET, INTERRUPTED, TOO_SLOW, Measurement
 from autotune.tuner import record
+from autotune.tuner.record import Predicted, Prediction
 
 LIMIT = 1000
 WINDOWS = [{"samples": 100, "seconds": 1.0}, {"samples": 100, "seconds": 0.5}]
@@ -84,11 +85,11 @@ def test_no_result_fails_and_is_queued_again(ended_by: str, budget_cut: bool) ->
 
 
 def test_a_prediction_is_pruned_and_infeasible_by_the_predicted_excess() -> None:
-    rec = record.of_prediction("predicted 2.0 GiB", 1800.0, LIMIT)
+    rec = record.of_prediction(Prediction(Predicted.OOM, "predicted 2.0 GiB", 1800.0), LIMIT)
     assert rec.state == TrialState.PRUNED and rec.constraint == 800.0
     assert rec.attrs["predicted"] is True and rec.attrs["status"] == "pruned"
     assert rec.attrs["measurement"]["predicted_peak_memory_bytes"] == 1800
     assert rec.attrs["measurement"]["windows"] == []
-    unknown = record.of_prediction("above an OOM", None, LIMIT)
+    unknown = record.of_prediction(Prediction(Predicted.OOM, "above an OOM", None), LIMIT)
     assert unknown.constraint == 1.0
     assert unknown.attrs["measurement"]["predicted_peak_memory_bytes"] is None

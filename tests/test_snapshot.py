@@ -15,14 +15,13 @@ from optuna.trial import TrialState
 from autotune.config.knobs import Config
 from autotune.trial.measurement import Measurement
 from autotune.tuner import record, snapshot
+from autotune.tuner.budget import StepPrediction
 from autotune.tuner.confirmation import NO_WIN, Candidate, Confirmation, decide
 from autotune.tuner.diagnosis import TriedConfig
 from autotune.tuner.record import (
-    OVERSUBSCRIBED,
-    PREDICTED_OOM,
-    TOO_SLOW,
     Forecast,
-    StepForecast,
+    Predicted,
+    Prediction,
     StudyFacts,
     TrialRecord,
     read_trial,
@@ -101,7 +100,7 @@ def test_the_baseline_is_its_latest_ok_trial() -> None:
 
 def test_measured_and_observations_leave_out_what_did_not_run() -> None:
     twin = rec(3, 16, 210.0, reused_from=1)
-    ruled_out = rec(4, 512, status="pruned", peak=0, cv=None, predicted_kind=PREDICTED_OOM)
+    ruled_out = rec(4, 512, status="pruned", peak=0, cv=None, predicted_kind=Predicted.OOM)
     snap = study(BASE, FAST_IN_SEARCH, FAST_CONFIRMED, twin, ruled_out)
     assert [r.number for r in snap.measured] == [0, 1, 2]
     # The search sees the ruled-out config (it does not fit), not the repeat.
@@ -146,7 +145,7 @@ def test_the_confirmation_covers_the_study_and_names_the_winner() -> None:
     assert snap.speedup.words() == "2.00x (confirmed side by side; per round 2.00x, 2.00x)"
     # Repeats and ruled-out configs add no measured trial: the confirmation still covers it.
     more = study(BASE, FAST_IN_SEARCH, FAST_CONFIRMED, rec(3, 16, 210.0, reused_from=1),
-                 rec(4, 512, status="pruned", peak=0, predicted_kind=PREDICTED_OOM),
+                 rec(4, 512, status="pruned", peak=0, predicted_kind=Predicted.OOM),
                  confirmation=conf)
     assert more.confirmation == conf and more.winner == FAST_CONFIRMED
 
@@ -237,7 +236,7 @@ def test_read_trial_parses_what_a_run_writes() -> None:
                     timings={"warmup_s": 0.5, "measure_s": 3.0})
     written = record.of_measurement(m, LIMIT, number=3, baseline=True)
     config = Config(micro_batch_size=8, num_workers=1)
-    forecast = Forecast(StepForecast(0.05, 0.2, "scaled from trial 0", False), 700, 6.0)
+    forecast = Forecast(StepPrediction(0.05, 0.2, "scaled from trial 0", False), 700, 6.0)
     t = frozen(3, {**written.attrs, "config": config.to_dict(), "baseline": True,
                    "stage": "staged: largest micro-batch that fits",
                    "forecast": forecast.to_dict(), "measure_settings": {"max_seconds": 5.0},
@@ -295,25 +294,29 @@ def test_read_trial_reads_what_autotune_0x_stored() -> None:
                         "windows": [], "peak_memory_bytes": 0, "wall_s": 0.0}},
         TrialState.PRUNED))
     assert ruled_out is not None
-    assert ruled_out.predicted and ruled_out.predicted_kind == PREDICTED_OOM
+    assert ruled_out.predicted and ruled_out.predicted_kind == Predicted.OOM
     assert not ruled_out.ran and ruled_out.budget == {}
     assert ruled_out.forecast == Forecast(peak_memory_bytes=40 * GIB)
     assert ruled_out.measurement.predicted_peak_memory_bytes == 40 * GIB
     # ... and what this version writes for each kind of ruling out reads back as that kind.
-    for written, kind in ((record.of_prediction("predicted-oom", 3.0 * GIB, LIMIT),
-                           PREDICTED_OOM),
-                          (record.of_rule("oversubscribed: 3 cores", LIMIT), OVERSUBSCRIBED),
-                          (record.of_slow_prediction("predicted-too-slow", 40.0, 64, LIMIT),
-                           TOO_SLOW)):
+    for written, kind in ((record.of_prediction(
+                               Prediction(Predicted.OOM, "predicted-oom", 3.0 * GIB), LIMIT),
+                           Predicted.OOM),
+                          (record.of_prediction(Prediction(
+                              Predicted.OVERSUBSCRIBED, "oversubscribed: 3 cores"), LIMIT),
+                           Predicted.OVERSUBSCRIBED),
+                          (record.of_prediction(Prediction(
+                              Predicted.TOO_SLOW, "predicted-too-slow", step_s=40.0,
+                              samples_per_step=64), LIMIT),
+                           Predicted.TOO_SLOW)):
         r = read_trial(frozen(4, {**written.attrs, "config": config}, written.state))
         assert r is not None and r.predicted_kind == kind and not r.ran, kind
-    slow = read_trial(frozen(4, {**record.of_slow_prediction("predicted-too-slow", 40.0, 64,
-                                                             LIMIT).attrs, "config": config},
-                             TrialState.PRUNED))
+    slow_rec = record.of_prediction(Prediction(Predicted.TOO_SLOW, "predicted-too-slow",
+                                               step_s=40.0, samples_per_step=64), LIMIT)
+    slow = read_trial(frozen(4, {**slow_rec.attrs, "config": config}, TrialState.PRUNED))
     assert slow is not None and slow.step_s == 40.0  # predicted, as nothing was measured
-    oom = read_trial(frozen(4, {**record.of_prediction("predicted-oom", 3.0 * GIB,
-                                                       LIMIT).attrs, "config": config},
-                            TrialState.PRUNED))
+    oom_rec = record.of_prediction(Prediction(Predicted.OOM, "predicted-oom", 3.0 * GIB), LIMIT)
+    oom = read_trial(frozen(4, {**oom_rec.attrs, "config": config}, TrialState.PRUNED))
     assert oom is not None and oom.forecast.peak_memory_bytes == 3 * GIB
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from autotune.report.data import DashboardData
 from autotune.report.importance import Importance
+from autotune.trial.measurement import Status
 from autotune.tuner.record import TrialRecord
 from autotune.units import format_bytes
 
@@ -65,7 +66,7 @@ def _go() -> ModuleType:
 def _history(views: list[TrialRecord]) -> Figure:
     go = _go()
     fig = go.Figure()
-    ok = [v for v in views if v.status == "ok" and v.samples_per_sec]
+    ok = [v for v in views if v.status == Status.OK and v.samples_per_sec]
     fig.add_scatter(x=[v.number for v in ok], y=[v.samples_per_sec for v in ok], mode="markers",
                     name="trial", text=[v.config.describe() for v in ok])
     best, xs, ys = 0.0, [], []
@@ -74,7 +75,7 @@ def _history(views: list[TrialRecord]) -> Figure:
         xs.append(v.number)
         ys.append(best)
     fig.add_scatter(x=xs, y=ys, mode="lines", line={"shape": "hv"}, name="best so far")
-    failed = [v for v in views if v.status != "ok"]
+    failed = [v for v in views if v.status != Status.OK]
     fig.add_scatter(x=[v.number for v in failed], y=[0] * len(failed), mode="markers",
                     marker={"symbol": "x",
                             "color": [_STATUS_COLOURS.get(v.status) for v in failed]},
@@ -98,7 +99,7 @@ def _rate_by_micro(views: list[TrialRecord], limit: int) -> Figure:
     go = _go()
     fig = go.Figure()
     for amp, group in _by_amp(views).items():
-        ok = [v for v in group if v.status == "ok" and v.samples_per_sec]
+        ok = [v for v in group if v.status == Status.OK and v.samples_per_sec]
         fig.add_scatter(
             x=[v.config.micro_batch_size for v in ok], y=[v.samples_per_sec for v in ok],
             mode="markers", name="fp32" if amp == "off" else amp,
@@ -108,7 +109,8 @@ def _rate_by_micro(views: list[TrialRecord], limit: int) -> Figure:
                                else "circle" for v in ok]},
             text=[v.config.describe() for v in ok])
     failed = [v for v in views
-              if v.status in ("oom", "timeout", "error", "diverged") or v.predicted]
+              if v.status in (Status.OOM, Status.TIMEOUT, Status.ERROR, Status.DIVERGED)
+              or v.predicted]
     fig.add_scatter(x=[v.config.micro_batch_size for v in failed], y=[0] * len(failed),
                     mode="markers", name="OOM / too slow / error / ruled out",
                     marker={"symbol": "x", "size": 10,
@@ -128,7 +130,8 @@ def _memory_by_micro(views: list[TrialRecord], limit: int) -> Figure:
                         y=[v.peak_memory_bytes / 2**30 for v in ran], mode="markers",
                         name="fp32" if amp == "off" else amp,
                         marker={"color": _AMP_COLOURS.get(amp), "size": 9,
-                                "symbol": ["x" if v.status == "oom" else "circle" for v in ran]},
+                                "symbol": ["x" if v.status == Status.OOM else "circle"
+                                           for v in ran]},
                         text=[f"{v.config.describe()}: {v.status}" for v in ran])
     ruled = [v for v in views if v.predicted and v.peak_memory_bytes]
     if ruled:
@@ -166,7 +169,7 @@ def _importance(imp: Importance) -> Figure:
 
 def _parallel(views: list[TrialRecord]) -> Figure:
     go = _go()
-    ok = [v for v in views if v.status == "ok" and v.samples_per_sec]
+    ok = [v for v in views if v.status == Status.OK and v.samples_per_sec]
     amps = sorted({v.config.amp for v in ok})
     dims = [
         {"label": "micro-batch", "values": [v.config.micro_batch_size for v in ok]},
@@ -186,7 +189,7 @@ def _parallel(views: list[TrialRecord]) -> Figure:
 
 def _breakdown(views: list[TrialRecord]) -> Figure:
     go = _go()
-    ok = [v for v in views if v.status == "ok" and v.breakdown]
+    ok = [v for v in views if v.status == Status.OK and v.breakdown]
     labels = [f"#{v.number} {v.config.describe()}" for v in ok]
     fig = go.Figure()
     for key, name, colour in _PARTS:
@@ -200,7 +203,7 @@ def _breakdown(views: list[TrialRecord]) -> Figure:
 def _efficiency(views: list[TrialRecord]) -> Figure:
     """MFU per trial and, when the GPUs were watched, their mean GPU utilisation."""
     go = _go()
-    ok = [v for v in views if v.status == "ok" and v.reused_from is None]
+    ok = [v for v in views if v.status == Status.OK and v.reused_from is None]
     labels = [f"#{v.number} {v.config.describe()}" for v in ok]
     fig = go.Figure()
     fig.add_bar(x=labels, y=[None if v.mfu is None else 100 * v.mfu for v in ok],
@@ -230,7 +233,7 @@ def _timeline(trials: list[TrialRecord]) -> Figure:
 
 def _top_table(views: list[TrialRecord], limit: int) -> Figure:
     go = _go()
-    ok = [v for v in views if v.status == "ok" and v.samples_per_sec and v.reused_from is None
+    ok = [v for v in views if v.status == Status.OK and v.samples_per_sec and v.reused_from is None
           and (not limit or v.peak_memory_bytes <= limit)]
     top = sorted(ok, key=lambda v: -(v.samples_per_sec or 0.0))[:10]
     cols = [[f"#{v.number}" + (" (baseline)" if v.is_baseline else "") for v in top],

@@ -12,6 +12,7 @@ import re
 import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from typing import Any, TypedDict
 
 from autotune.trial.protocol import WindowStats
@@ -67,15 +68,35 @@ def _signal_death(stderr_tail: str, reporter: int | None) -> tuple[int, int] | N
     return killed[0] if killed else None
 
 
-# Why a trial ended when it did not simply finish (Measurement.ended_by).
-INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
-BUDGET = "budget"  # the run's --timeout: not a result, measured again by the next run
-TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit, or stopped just before it
-TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its budget
-MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
-PRUNED = "pruned"  # the tuner stopped it: its first windows were clearly below the best
-COMPILE_LIMIT = "compile_limit"  # torch.compile ran past its own time limit in the trial
-NODE_LOST = "node_lost"  # a cluster engine lost a node of the trial: not a result, run again
+class Status(StrEnum):
+    """What one trial process measured of its config (``Measurement.status``); stored as its
+    value, so a study's records read the same in every version."""
+
+    OK = "ok"
+    OOM = "oom"
+    PRUNED = "pruned"  # stopped early: clearly slower than the best (or ruled out, in old code)
+    TIMEOUT = "timeout"  # too slow to measure within its budget
+    DIVERGED = "diverged"  # the loss went NaN or infinite
+    ERROR = "error"
+
+
+class EndedBy(StrEnum):
+    """Why a trial ended when it did not simply finish (``Measurement.ended_by``)."""
+
+    INTERRUPTED = "interrupted"  # the user's Ctrl-C: not a result
+    BUDGET = "budget"  # the run's --timeout: not a result, measured again by the next run
+    TRIAL_TIMEOUT = "trial_timeout"  # killed at its hard per-trial limit, or stopped before it
+    TOO_SLOW = "too_slow"  # the trial itself found it cannot be measured within its budget
+    MEMORY_LIMIT = "memory_limit"  # the launcher ended it for passing the memory limit
+    PRUNED = "pruned"  # the tuner stopped it: its first windows were clearly below the best
+    COMPILE_LIMIT = "compile_limit"  # torch.compile ran past its own time limit in the trial
+    NODE_LOST = "node_lost"  # a cluster engine lost a node of the trial: not a result, run again
+
+
+# The members by their old names, for the modules that import them.
+INTERRUPTED, BUDGET, TRIAL_TIMEOUT = EndedBy.INTERRUPTED, EndedBy.BUDGET, EndedBy.TRIAL_TIMEOUT
+TOO_SLOW, MEMORY_LIMIT, PRUNED = EndedBy.TOO_SLOW, EndedBy.MEMORY_LIMIT, EndedBy.PRUNED
+COMPILE_LIMIT, NODE_LOST = EndedBy.COMPILE_LIMIT, EndedBy.NODE_LOST
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -107,7 +128,7 @@ class RawResult:
 class Measurement:
     """One trial's outcome. ``samples_per_sec`` is the median over steady-state windows."""
 
-    status: str
+    status: Status
     reason: str | None = None
     samples_per_sec: float | None = None
     spread_cv: float | None = None
@@ -123,7 +144,7 @@ class Measurement:
     # From an incomplete measurement (a timeout): partial windows, or the first (slowest) step.
     # Never used as a result; it tells the sampler roughly where a too-slow config stood.
     rough_samples_per_sec: float | None = None
-    ended_by: str | None = None  # one of the constants above, None when it simply finished
+    ended_by: EndedBy | None = None  # None when it simply finished
     # Multi-rank trials: each rank's summary (rate, windows, waits, all-reduce counts) and the
     # DDP arguments that were applied.
     ranks: list[RankSummary] = field(default_factory=list)
@@ -148,6 +169,12 @@ class Measurement:
     predicted_peak_memory_bytes: int | None = None
     predicted_step_s: float | None = None
 
+    def __post_init__(self) -> None:
+        # Stored values come back as strings: typed once, here. An unknown one is malformed.
+        object.__setattr__(self, "status", Status(self.status))
+        if self.ended_by is not None:
+            object.__setattr__(self, "ended_by", EndedBy(self.ended_by))
+
     @property
     def is_result(self) -> bool:
         """False when the run, not the config, ended the trial: it is retried, not recorded."""
@@ -155,7 +182,7 @@ class Measurement:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
     def overhead_share(self) -> float | None:
         """Share of the trial's wall time spent before measuring: start, imports, build, warm-up."""
@@ -165,7 +192,11 @@ class Measurement:
         return max(0.0, 1.0 - measure / self.wall_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As stored: plain JSON values (the enums as their strings)."""
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["ended_by"] = None if self.ended_by is None else self.ended_by.value
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
@@ -173,7 +204,7 @@ class Measurement:
         are left out; a missing status reads as an error."""
         known = {f.name for f in fields(cls)}
         kept = {k: v for k, v in data.items() if k in known}
-        kept.setdefault("status", "error")
+        kept.setdefault("status", Status.ERROR)
         return cls(**kept)
 
 
@@ -226,9 +257,9 @@ def classify(raw: RawResult, device: str = "cpu") -> Measurement:
         # consequences of it.
         rank, name = death[0], _signal_name(death[1])
         if name == "SIGKILL":
-            return Measurement("oom", f"rank {rank} was killed by SIGKILL, most likely the "
+            return Measurement(Status.OOM, f"rank {rank} was killed by SIGKILL, most likely the "
                                "kernel's OOM killer", **common)
-        return Measurement("error", f"rank {rank} died from {name}", **common)
+        return Measurement(Status.ERROR, f"rank {rank} died from {name}", **common)
     if doc is not None:
         return _from_report(doc, raw, peak, common)
     return _from_exit(raw, common)
@@ -249,27 +280,27 @@ def _ended_by_us(raw: RawResult, peak: int, common: _Common) -> Measurement | No
     """A trial the user or the launcher ended: Ctrl-C, the memory limit, pruning, the
     timeout. None when it ended on its own."""
     if raw.interrupted:
-        return Measurement("error", "interrupted by the user", ended_by=INTERRUPTED, **common)
+        return Measurement(Status.ERROR, "interrupted by the user", ended_by=INTERRUPTED, **common)
     if raw.killed_for_memory:
-        return Measurement("oom", f"process tree passed the memory limit at {peak / 2**30:.2f} GiB",
-                           ended_by=MEMORY_LIMIT, **common)
+        return Measurement(Status.OOM, "process tree passed the memory limit at "
+                           f"{peak / 2**30:.2f} GiB", ended_by=MEMORY_LIMIT, **common)
     partial = WindowStats(raw.partial_windows) if raw.partial_windows else None
     if raw.stopped:
-        return Measurement("pruned", raw.stopped, windows=raw.partial_windows,
+        return Measurement(Status.PRUNED, raw.stopped, windows=raw.partial_windows,
                            breakdown=partial.breakdown if partial else {},
                            rough_samples_per_sec=partial.median if partial else None,
                            ended_by=PRUNED, **common)
     lost = _node_lost(raw)
     if lost:
-        return Measurement("error", lost, ended_by=NODE_LOST, **common)
+        return Measurement(Status.ERROR, lost, ended_by=NODE_LOST, **common)
     if raw.timed_out:
         reason = f"killed at the {raw.timeout_s:.0f}s trial timeout"
         if partial:
             reason += f" after {len(partial.windows)} window(s) at {partial.median:.2f} samples/s"
-            return Measurement("timeout", reason, windows=raw.partial_windows,
+            return Measurement(Status.TIMEOUT, reason, windows=raw.partial_windows,
                                breakdown=partial.breakdown, rough_samples_per_sec=partial.median,
                                ended_by=TRIAL_TIMEOUT, **common)
-        return Measurement("timeout", reason, ended_by=TRIAL_TIMEOUT, **common)
+        return Measurement(Status.TIMEOUT, reason, ended_by=TRIAL_TIMEOUT, **common)
     return None
 
 
@@ -277,20 +308,20 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
     """The trial's own result document: checked, then its outcome."""
     problems = check_result(doc)
     if problems:
-        return Measurement("error", "bad trial result: " + "; ".join(problems), **common)
+        return Measurement(Status.ERROR, "bad trial result: " + "; ".join(problems), **common)
     status = doc["status"]
     common = {**common, "applied": Applied(**(doc.get("applied") or {})),
               "compile": CompileInfo(**(doc.get("compile") or {})),
               "script": ScriptInfo(**(doc.get("script") or {}))}
     if status != "ok":
         rough = doc.get("first_step_samples_per_sec")
-        ended = None
+        ended: EndedBy | None = None
         if status == "timeout":
             # The trial stopped itself at its compile limit, or before the trial timeout it
             # could not have been measured by (as if killed there), or as too slow.
             said = doc.get("ended_by")
-            ended = said if said in (COMPILE_LIMIT, TRIAL_TIMEOUT) else TOO_SLOW
-        return Measurement(status, doc.get("reason") or _last_line(raw.stderr_tail),
+            ended = EndedBy(said) if said in (COMPILE_LIMIT, TRIAL_TIMEOUT) else TOO_SLOW
+        return Measurement(Status(status), doc.get("reason") or _last_line(raw.stderr_tail),
                            windows=doc.get("windows") or [], timings=doc.get("timings") or {},
                            warmup=doc.get("warmup") or {},
                            rough_samples_per_sec=rough if isinstance(rough, float) else None,
@@ -300,7 +331,7 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
     if limit and peak > limit:
         # Passed the limit between two of the launcher's samples and finished anyway: the same
         # outcome as being caught, an OOM (the windows are kept for the record).
-        return Measurement("oom", f"peak memory {peak / 2**30:.2f} GiB passed the memory "
+        return Measurement(Status.OOM, f"peak memory {peak / 2**30:.2f} GiB passed the memory "
                            f"limit of {limit / 2**30:.2f} GiB", windows=doc["windows"],
                            timings=doc.get("timings") or {}, ended_by=MEMORY_LIMIT, **common)
     given = doc.get("flops_per_sample")
@@ -309,7 +340,7 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
     note = doc.get("note")
     med = stats.median
     return Measurement(
-        "ok", note if isinstance(note, str) else None, samples_per_sec=med,
+        Status.OK, note if isinstance(note, str) else None, samples_per_sec=med,
         spread_cv=stats.spread, windows=doc["windows"], breakdown=stats.breakdown,
         step_time_s=doc.get("step_time_s"), warmup=doc.get("warmup") or {},
         timings=doc.get("timings") or {}, tflops=med * fps / 1e12 if fps else None,
@@ -321,16 +352,16 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
 def _from_exit(raw: RawResult, common: _Common) -> Measurement:
     """A trial that died without a report: what its stderr and exit code say."""
     if _OOM_PATTERNS.search(raw.stderr_tail):
-        return Measurement("oom", _last_line(_oom_lines(raw.stderr_tail)), **common)
+        return Measurement(Status.OOM, _last_line(_oom_lines(raw.stderr_tail)), **common)
     if raw.returncode is not None and raw.returncode < 0:
         name = _signal_name(raw.returncode)
         if name == "SIGKILL":
             # Nobody here sent it (timeouts and limit kills are handled above): the kernel's OOM
             # killer is by far the most common sender.
-            return Measurement("oom", "killed by SIGKILL, most likely the kernel's OOM killer",
+            return Measurement(Status.OOM, "killed by SIGKILL, most likely the kernel's OOM killer",
                                **common)
-        return Measurement("error", f"trial process died from {name}", **common)
-    return Measurement("error", f"trial exited with code {raw.returncode} and no result: "
+        return Measurement(Status.ERROR, f"trial process died from {name}", **common)
+    return Measurement(Status.ERROR, f"trial exited with code {raw.returncode} and no result: "
                        f"{_last_line(raw.stderr_tail)}", **common)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
 from autotune.config.knobs import Config
+from autotune.trial.measurement import Status
 from autotune.trial.protocol import SPREAD_WINDOWS, measuring_seconds
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.search import Observation, fit_affine
@@ -95,7 +96,7 @@ class StepPrediction:
 def step_seconds(o: Observation) -> float | None:
     """Seconds per optimizer step an observation measured: ok and pruned trials (pruned ones
     from their windows); None for anything else."""
-    if o.predicted or o.status not in ("ok", "pruned") or not o.samples_per_sec:
+    if o.predicted or o.status not in (Status.OK, Status.PRUNED) or not o.samples_per_sec:
         return None
     return o.config.samples_per_step / o.samples_per_sec
 

@@ -31,13 +31,11 @@ def claim(study: optuna.Study, storage: optuna.storages.BaseStorage,
     """Mark a trial just asked as this worker's, under the study lock with the ask: a retried
     trial arrives with its dead worker's attributes (owner, last heartbeat mark), and another
     worker recovering dead workers' trials must not take it for that worker's."""
-    trial.set_user_attr("worker", process_identity())
-    if not has_heartbeat(storage):
-        # A retry carries the dead trial's last (stale) mark: beat now, not in a moment.
-        trial.set_user_attr("alive_at", time.time())
-    if record.was_interrupted(trial):
-        trial.set_user_attr("interrupted", False)
-        trial.set_user_attr("retry_of", retried_trial_number(storage, trial))
+    # A retry carries the dead trial's last (stale) mark: beat now, not in a moment.
+    record.mark_claimed(
+        trial, process_identity(), alive_at=None if has_heartbeat(storage) else time.time(),
+        retry_of=retried_trial_number(storage, trial) if record.was_interrupted(trial)
+        else None)
     return trial
 
 
@@ -65,7 +63,7 @@ def recover_dead(study: optuna.Study, storage: optuna.storages.BaseStorage) -> N
 def enqueue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
     """Queue the baseline once: a baseline that ran (even to an OOM) is not run again."""
     if not record.baseline_pending(study):
-        study.enqueue_trial(params, user_attrs={"baseline": True})
+        record.queue_baseline(study, params)
 
 
 def measured_twin(snap: StudySnapshot, config: Config,

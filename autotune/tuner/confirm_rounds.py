@@ -34,7 +34,7 @@ import optuna
 from autotune.config.knobs import Config
 from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner import snapshot
+from autotune.tuner import record, snapshot
 from autotune.tuner.budget import confirm_settings, hard_timeout
 from autotune.tuner.confirmation import (
     Candidate,
@@ -194,7 +194,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         return (f"the --timeout ended the confirmation after {done} complete round(s){took}; "
                 "two are needed for a spread")
     decision = decide(cands, limit, headroom)
-    study.set_user_attr("confirmation", {
+    record.write_confirmation(study, {
         "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
         "stopped_early": stopped,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},

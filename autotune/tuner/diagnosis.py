@@ -16,7 +16,7 @@ from typing import Any
 from autotune.config.knobs import Config
 from autotune.machine.probe import peak_for
 from autotune.profile.documents import FindingDoc, ProbeDoc
-from autotune.trial.measurement import Measurement
+from autotune.trial.measurement import Measurement, Status
 from autotune.units import format_bytes
 
 INPUT_BOUND = 0.15  # data wait share of the timed wall time
@@ -86,7 +86,7 @@ def with_efficiency(m: Measurement, config: Config, device: str,
     share = mfu(m.samples_per_sec, m.flops_per_sample, peak, config.world_size, device)
     m = replace(m, mfu=None if share is None else round(share, 4), peak_tflops=peak)
     if m.ok and share is not None and share > BEYOND_PEAK and not (probe or {}).get("contended"):
-        return replace(m, status="error", reason=(
+        return replace(m, status=Status.ERROR, reason=(
             f"{m.samples_per_sec:,.4g} samples/s at {m.flops_per_sample:.3g} FLOPs per sample "
             f"is {m.tflops:.3g} TFLOP/s, {share:.1f}x the measured {_dtype(config)} peak of "
             f"{peak:g} TFLOP/s per device: beyond what this machine can do, so the rate or the "
@@ -171,7 +171,7 @@ class TriedConfig:
     """What the study measured of one config: the trial, its outcome, its samples/sec (ok)."""
 
     trial: int
-    status: str
+    status: Status
     samples_per_sec: float | None
 
 

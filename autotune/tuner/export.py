@@ -21,6 +21,7 @@ from autotune.profile.documents import (
     ResultDoc,
 )
 from autotune.trial.measurement import Measurement
+from autotune.tuner import record
 from autotune.tuner.diagnosis import Finding, diagnose, mfu
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.snapshot import StudySnapshot
@@ -247,5 +248,5 @@ def write_profile(study: optuna.Study, snap: StudySnapshot, storage: str,
         return None
     profile.save(path)
     if list(snap.facts.diagnosis) != profile.diagnosis:
-        study.set_user_attr("diagnosis", profile.diagnosis)  # for the dashboard
+        record.write_diagnosis(study, profile.diagnosis)
     return profile

@@ -106,17 +106,14 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
                             limit_spec)
         _complete_fingerprint(study, ident, note)  # once every check has passed
     else:
-        for key, value in {
+        record.write_identity(study, {
             "fingerprint": ident.hw.fingerprint(), "hardware": ident.hw.to_dict(),
             "workload": {"name": ident.workload_name, "spec": ident.workload.spec,
                          "params": ident.workload.params},
             "space": ident.space.to_dict(), "baseline": ident.baseline.to_dict(),
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        }.items():
-            study.set_user_attr(key, value)
+            "created": datetime.now(UTC).isoformat(timespec="seconds")})
     if facts.memory_limit_bytes is None:
-        study.set_user_attr("memory_limit_bytes", limit)
-        study.set_user_attr("memory_limit_spec", limit_spec)
+        record.write_memory_limit(study, limit, limit_spec)
     study.sampler = sampler(seed + len(study.get_trials(deepcopy=False)))
     return study, limit
 
@@ -175,9 +172,8 @@ def _complete_fingerprint(study: optuna.Study, ident: Identity,
             f"{len(study.get_trials(deepcopy=False))} trial(s) ran on; everything else it "
             "recorded matches, so it resumes, and this CPU is recorded on it for later runs: "
             "if its trials ran on another CPU, pass another --study name to start a new study")
-    study.set_user_attr("fingerprint", {**stored, **{k: here[k] for k in match.unverified}})
     # Which trials ran before the CPU was known: a reader can tell them from the later ones.
-    study.set_user_attr("cpu_identity_unverified", {
+    record.write_unverified_cpu(study, {**stored, **{k: here[k] for k in match.unverified}}, {
         "fields": match.unverified, "trials_before": len(study.get_trials(deepcopy=False)),
         "at": datetime.now(UTC).isoformat(timespec="seconds"), "host": hostname()})
     if note is not None:

@@ -148,8 +148,7 @@ class Measurer:
             m = classify(raw, self.hw.device)
         if not flops and m.flops_source == COUNTED:
             # Counted once per study; every later trial is measured against the same figure.
-            self.study.set_user_attr("flops", {"per_sample": m.flops_per_sample,
-                                               "source": COUNTED})
+            record.write_flops(self.study, m.flops_per_sample, COUNTED)
         return with_efficiency(m, config, self.hw.device, self.probe)
 
     def _candidate(self, config: Config, workdir: Path) -> Profile:
@@ -187,7 +186,7 @@ class Measurer:
              + "".join(f"; {f}" for f in found["flags"]))
         if doc.get("contended"):
             note(contended_line(doc))
-        self.study.set_user_attr("probe", found)
+        record.write_probe(self.study, found)
 
 
 def window_event(e: dict[str, Any], samples_per_step: int,

@@ -23,7 +23,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 
 from autotune.config.knobs import Config, oversubscribed
-from autotune.config.space import baseline_for_global_batch, load_space, narrow
+from autotune.config.space import NarrowedSpace, baseline_for_global_batch, load_space, narrow
 from autotune.errors import DiskFull, disk_full, one_line
 from autotune.machine.hardware import detect, hostname, process_identity
 from autotune.machine.probe import peak_for
@@ -64,7 +64,7 @@ MAX_TWINS_IN_A_ROW = 20
 Dashboard = Callable[[optuna.Study, Path], Path]
 
 
-class Runner(TrialSteps):
+class Runner:
     """One ``autotune run``: set-up, the trial loop, confirmation and export."""
 
     def __init__(self, opts: RunOptions, reporter: Reporter,
@@ -72,11 +72,10 @@ class Runner(TrialSteps):
                  measure: MeasureTrial | None = None) -> None:
         """``measure``: what measures one config instead of a trial process (tests in-process,
         the search benchmark: ``autotune.testing.replay``)."""
-        self.injected = measure
         hw = opts.hardware or detect()
         options.check(opts, hw)
         self.opts = opts = opts.with_defaults(hw)
-        self.reporter, self.hw, self.draw = reporter, hw, dashboard
+        self.hw, self.draw = hw, dashboard
         # A script tuned as it runs (autotune run -- CMD), or a workload autotune's loop trains.
         self.command = parse_command(opts.command) if opts.command else None
         workload: Any
@@ -93,12 +92,12 @@ class Runner(TrialSteps):
                                world_size=self.world) if opts.global_batch is None else \
             baseline_for_global_batch(workload.default_micro_batch, opts.global_batch,
                                       self.world)
-        self.space = narrow(load_space(opts.space), hw, self.world, self.baseline,
-                            opts.global_batch, supports=declared_knobs(workload),
-                            workload=f"workload {self.workload_name}")
+        space = narrow(load_space(opts.space), hw, self.world, self.baseline,
+                       opts.global_batch, supports=declared_knobs(workload),
+                       workload=f"workload {self.workload_name}")
         self.storage_url = opts.storage_url
         self.study_name = opts.study_name or default_name(self.workload_name,
-                                                          self.workload_spec, self.space, hw)
+                                                          self.workload_spec, space, hw)
         self._slot = threading.local()  # a slot thread's own measurer (``tuner.parallel``)
         # Where trials run (None: here); an allocation that cannot hold a trial is said now,
         # before anything is written.
@@ -107,17 +106,14 @@ class Runner(TrialSteps):
         self.out_dir = opts.out_dir or study_folder(opts.studies_dir, self.study_name)
         options.check_out_dir(self.out_dir)
         self.confirm_skipped: str | None = None  # why this run did not confirm, when it did not
-        self.no_room: str | None = None  # the next config does not fit what is left of --timeout
-        self.halted: str | None = None  # why no later trial can measure anything (a script's)
-        self.trainer_said = False  # the note on the bootstrap's reach into a Trainer, once
         self.storage = storage.open_storage(self.storage_url)
-        ident = Identity(self.study_name, self.workload_name, self.workload_spec, self.space,
+        ident = Identity(self.study_name, self.workload_name, self.workload_spec, space,
                          hw, self.baseline, self.world, opts.global_batch)
-        with self._locked():
+        with storage.locked(self.storage_url, self.study_name):
             self.study, self.limit = open_study(
                 self.storage, self.storage_url, ident, seed=opts.seed,
                 limit=options.memory_limit(opts.memory_limit, hw), limit_spec=opts.memory_limit,
-                note=lambda line: self.reporter.note(line))
+                note=reporter.note)
         # Who holds a device, as a worker waiting for it is told (tuner.fleet.DeviceLock).
         self.measurer = Measurer(
             hw, self.workload_spec, opts.nproc or 1, opts.nodes, self.limit, self.study,
@@ -128,18 +124,21 @@ class Runner(TrialSteps):
             executor=self.executor)
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
         unapplied = record.read_facts(self.study).unapplied
-        self.space = self.space.fix(dict(unapplied or {}), self.baseline)
+        self.steps = TrialSteps(
+            opts, hw, self.study, self.storage, self.storage_url, self.limit,
+            space.fix(dict(unapplied or {}), self.baseline), self.baseline, self.command,
+            self.out_dir, reporter, lambda: self.measurer, measure)
 
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> RunSummary:
         start = time.monotonic()
-        with self._locked():
-            self._recover_dead_trials()
+        with self.steps.locked():
+            self.steps.recover_dead_trials()
             self._enqueue_baseline()
         self.reporter.started(StartInfo(
             self.study_name, storage.redact(self.storage_url), self.hw, self.space, self.limit,
-            self.budget_text(), len(self._read().measured), self.out_dir,
+            self.budget_text(), len(self.steps.read().measured), self.out_dir,
             self.opts.trials, self.opts.timeout_s))
         deadline = start + self.opts.timeout_s if self.opts.timeout_s else None
         if self.command is not None and self.command.untracked:
@@ -159,6 +158,18 @@ class Runner(TrialSteps):
                               f"{storage.redact(self.storage_url)}: run the same command to "
                               "resume")
         return summary
+
+    @property
+    def space(self) -> NarrowedSpace:
+        """The space searched, with the knobs a script never applies fixed as they are found
+        (the trial steps find them)."""
+        return self.steps.space
+
+    @property
+    def reporter(self) -> Reporter:
+        """Who is told; the trial steps tell the same one (a slot's serialising wrapper while
+        trials run side by side)."""
+        return self.steps.reporter
 
     @property
     def measurer(self) -> Measurer:
@@ -184,13 +195,13 @@ class Runner(TrialSteps):
         """The trial loop, in one thread per slot when the executor runs trials side by side."""
         if self.executor is None or self.executor.slots == 1:
             return self._trials(deadline)
-        reporter, self.reporter = self.reporter, SerialReporter(self.reporter)
+        reporter, self.steps.reporter = self.reporter, SerialReporter(self.reporter)
         try:
             return run_slots(self._measurer, self.executor.slots,
                              lambda m: setattr(self._slot, "measurer", m),
                              lambda: self._trials(deadline))
         finally:
-            self.reporter = reporter
+            self.steps.reporter = reporter
 
     def _trials(self, deadline: float | None) -> tuple[bool, str]:
         """Ask, claim, measure and record trials until a stop rule says stop; returns
@@ -200,9 +211,9 @@ class Runner(TrialSteps):
             remaining = deadline - time.monotonic() if deadline else None
             # Deciding whether to go on and claiming the next trial read the study and write it:
             # under the study lock, so a fleet's workers never both take the last trial.
-            with self._locked():
-                self._recover_dead_trials()
-                snap = self._read()
+            with self.steps.locked():
+                self.steps.recover_dead_trials()
+                snap = self.steps.read()
                 stop_reason = self._stop_reason(snap, remaining, twins_in_a_row)
                 trial = None if stop_reason else self._claim(self._ask())
             if trial is None:
@@ -210,7 +221,7 @@ class Runner(TrialSteps):
             reserve = self._confirmation_reserve(snap)
             try:
                 with storage.beating(self.study, trial):
-                    reused = self._run_trial(trial, None if remaining is None
+                    reused = self.steps.run_trial(trial, None if remaining is None
                                              else remaining - reserve)
             except KeyboardInterrupt:
                 return True, "interrupted"
@@ -232,7 +243,7 @@ class Runner(TrialSteps):
         if self.opts.trials is not None and len(snap.measured) + running >= self.opts.trials:
             return f"reached {self.opts.trials} trials" + (
                 f" ({running} of them still running on other workers)" if running else "")
-        if stop := self.no_room or self.halted:
+        if stop := self.steps.no_room or self.steps.halted:
             return stop
         if self._nothing_applied(snap):
             return (f"nothing to search: {self.command.name if self.command else 'the script'} "
@@ -272,10 +283,10 @@ class Runner(TrialSteps):
         config without room left two minutes of its search unused)."""
         if snap.pending.waiting:
             return snap.pending.waiting_staged
-        model = self._memory_model(snap)
+        model = self.steps.memory_model(snap)
 
         def too_slow(c: Config) -> bool:
-            return self._trial_budget(c, left, snap).ruled_out
+            return self.steps.trial_budget(c, left, snap).ruled_out
 
         running = snap.pending.running
         proposal = staged_next(self.space, self.baseline, snap.observations, model,
@@ -288,8 +299,7 @@ class Runner(TrialSteps):
             return False
         if proposal.config in running:
             return True  # another worker measures it now; this one samples meanwhile
-        self.study.enqueue_trial(self.space.params_for(proposal.config),
-                                 user_attrs={"stage": proposal.stage})
+        record.queue_staged(self.study, self.space.params_for(proposal.config), proposal.stage)
         return True
 
     def _peaks(self, snap: StudySnapshot) -> dict[str, float]:
@@ -319,7 +329,7 @@ class Runner(TrialSteps):
         known = snap.facts.unapplied if self.command is not None else None
         if known is None:
             return False
-        self.space = self.space.fix(dict(known), self.baseline)
+        self.steps.space = self.space.fix(dict(known), self.baseline)
         return not self.space.searched
 
     # -- the machine, the confirmation, the results ----------------------------------------------
@@ -338,14 +348,14 @@ class Runner(TrialSteps):
     def _confirm(self, deadline: float | None) -> None:
         o = self.opts
         self.confirm_skipped = confirm_rounds.confirm(
-            self.study, lambda c, w, t, s: self.measure_config(c, w, t, s, report=False),
+            self.study, lambda c, w, t, s: self.steps.measure_config(c, w, t, s, report=False),
             o.measure, limit=self.limit, top=o.confirm_top, rounds=o.confirm_rounds,
             headroom=o.headroom, trial_timeout_s=o.trial_timeout_s, deadline=deadline,
             out_dir=self.out_dir, on_round=self.reporter.confirming)
 
     def _summary(self, wall_s: float, interrupted: bool, stop_reason: str) -> RunSummary:
-        snap = self._read()
-        profile = self._export(snap)
+        snap = self.steps.read()
+        profile = self.steps.export(snap)
         return RunSummary(
             self.study_name, storage.redact(self.storage_url), self.out_dir,
             self.out_dir / "profile.yaml" if profile else None, snap.winner, snap.baseline,

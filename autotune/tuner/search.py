@@ -30,6 +30,7 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
+from autotune.trial.measurement import Status
 from autotune.tuner.lines import NEAR_PEAK, below_the_best, line_done, no_gain
 
 HEADROOM = 0.05  # an exported config peaks at least this share below the memory limit
@@ -50,7 +51,7 @@ class Observation:
     """What one trial of the study showed, as the search reads it."""
 
     config: Config
-    status: str  # ok, oom, timeout, error, pruned
+    status: Status
     samples_per_sec: float | None = None
     peak_memory_bytes: int = 0
     spread_cv: float | None = None
@@ -66,7 +67,7 @@ class Observation:
 
     @property
     def fits(self) -> bool:
-        return self.status in ("ok", "pruned") and not self.predicted
+        return self.status in (Status.OK, Status.PRUNED) and not self.predicted
 
 
 def memory_key(config: Config, device: str) -> tuple[Any, ...]:
@@ -116,9 +117,9 @@ class MemoryModel:
                 continue
             key = memory_key(o.config, device)
             micro = o.config.micro_batch_size
-            if o.status == "oom":
+            if o.status == Status.OOM:
                 self._oom[key] = min(micro, self._oom.get(key, micro))
-            elif o.status in ("ok", "pruned") and o.peak_memory_bytes > 0:
+            elif o.status in (Status.OK, Status.PRUNED) and o.peak_memory_bytes > 0:
                 self._ok.setdefault(key, []).append((micro, o.peak_memory_bytes))
 
     @property
@@ -182,7 +183,7 @@ def headroom_of(observations: Sequence[Observation], baseline: Config,
                 peaks: Mapping[str, float]) -> dict[str, float]:
     """Per precision: its measured peak (``peaks``, TFLOP/s per device, the probe's) over the
     TFLOP/s the baseline achieved; empty until the baseline measured its MFU."""
-    base = next((o for o in observations if o.config == baseline and o.status == "ok"
+    base = next((o for o in observations if o.config == baseline and o.status == Status.OK
                  and o.achieved), None)
     if base is None or base.achieved is None:
         return {}
@@ -198,7 +199,7 @@ def _beyond_reach(amp: str, observations: Sequence[Observation],
     peak = peaks.get(amp)
     if not peak:
         return None
-    return next((o for o in observations if o.status == "ok" and o.config.amp != amp
+    return next((o for o in observations if o.status == Status.OK and o.config.amp != amp
                  and o.achieved and o.achieved > NEAR_PEAK * peak), None)
 
 
@@ -255,9 +256,9 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
             if on_line(o.config, line):
                 micro = o.config.micro_batch_size
                 seen[micro] = seen.get(micro, False) or o.fits
-                if o.fits and o.status == "pruned":
+                if o.fits and o.status == Status.PRUNED:
                     pruned.add(micro)
-                if o.fits and o.status == "ok" and o.samples_per_sec:
+                if o.fits and o.status == Status.OK and o.samples_per_sec:
                     rates[micro] = max(rates.get(micro, 0.0), o.samples_per_sec)
                     if o.mfu:
                         mfus[micro] = o.mfu
@@ -313,7 +314,7 @@ def _next_micro(values: list[int], seen: dict[int, bool], start: int) -> int | N
 def noise_of(observations: Sequence[Observation]) -> float:
     """The relative difference a win must exceed: twice the typical in-trial spread, at least
     ``NOISE_FLOOR``."""
-    cvs = [o.spread_cv for o in observations if o.status == "ok" and o.spread_cv is not None]
+    cvs = [o.spread_cv for o in observations if o.status == Status.OK and o.spread_cv is not None]
     return max(NOISE_FLOOR, 2 * statistics.median(cvs)) if cvs else NOISE_FLOOR
 
 
@@ -324,7 +325,7 @@ def since_improvement(observations: Sequence[Observation], noise: float) -> int:
         if o.predicted:
             continue
         count += 1
-        value = o.samples_per_sec if o.status == "ok" else None
+        value = o.samples_per_sec if o.status == Status.OK else None
         if value is not None and value > best * (1.0 + noise):
             count = 0
         if value is not None:

@@ -14,10 +14,11 @@ from functools import cached_property
 import optuna
 
 from autotune.config.knobs import Config
+from autotune.trial.measurement import Status
 from autotune.tuner import record
 from autotune.tuner.confirmation import Confirmation, Confirmed
 from autotune.tuner.diagnosis import MemoryWall, Tried, TriedConfig
-from autotune.tuner.record import PREDICTED_OOM, Pending, StudyFacts, TrialRecord
+from autotune.tuner.record import Pending, Predicted, StudyFacts, TrialRecord
 from autotune.tuner.search import Observation
 
 # Which kind a speedup is (Speedup.kind).
@@ -182,9 +183,9 @@ def larger_over_limit(records: Sequence[TrialRecord], config: Config,
         if c.amp != config.amp or c.world_size != config.world_size \
                 or c.micro_batch_size <= config.micro_batch_size:
             continue
-        if r.predicted_kind == PREDICTED_OOM:
+        if r.predicted_kind == Predicted.OOM:
             over.append((c.micro_batch_size, False, r.source))
-        elif not r.predicted and (r.status == "oom" or r.peak_memory_bytes > limit):
+        elif not r.predicted and (r.status == Status.OOM or r.peak_memory_bytes > limit):
             over.append((c.micro_batch_size, True, r.source))
         elif r.ok:
             fits.append(c.micro_batch_size)

@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
+from autotune.trial.measurement import Status
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.search import Observation, Proposal, on_line
@@ -104,7 +105,7 @@ def smallest_as_fast(incumbent: Config, rate: float, observations: Sequence[Obse
     """The smallest micro-batch of ``incumbent``'s line (the same knobs but the batch) that
     measured within ``noise`` of its ``rate``; the incumbent itself when none is smaller."""
     close = [o.config for o in observations
-             if o.status == "ok" and o.samples_per_sec and on_line(o.config, incumbent)
+             if o.status == Status.OK and o.samples_per_sec and on_line(o.config, incumbent)
              and o.samples_per_sec * (1.0 + noise) >= rate]
     return min(close + [incumbent], key=lambda c: c.micro_batch_size)
 
@@ -170,7 +171,7 @@ def story(trials: Sequence[TrialRecord], baseline_rate: float | None) -> list[st
             continue
         told = (t.stage or "").removeprefix("diagnosis: ")
         rate = t.samples_per_sec
-        if t.status == "ok" and rate and baseline_rate:
+        if t.status == Status.OK and rate and baseline_rate:
             out.append(f"{told}: {rate / baseline_rate:.2f}x")
         else:
             out.append(f"{told}: no result")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
@@ -21,7 +21,14 @@ from autotune.config.space import NarrowedSpace
 from autotune.machine.hardware import Hardware
 from autotune.profile import Profile
 from autotune.trial.command import Command
-from autotune.trial.measurement import BUDGET, INTERRUPTED, NODE_LOST, TRIAL_TIMEOUT, Measurement
+from autotune.trial.measurement import (
+    BUDGET,
+    INTERRUPTED,
+    NODE_LOST,
+    TRIAL_TIMEOUT,
+    Measurement,
+    Status,
+)
 from autotune.trial.result import ReadbackDoc
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import budget, claims, record, snapshot, storage, verdict
@@ -38,41 +45,52 @@ SCRIPT_UNMEASURED_STEPS = 2
 RUNNING_TWIN_POLL_S = 1.0
 
 
+@dataclass
 class TrialSteps:
-    """The steps of one trial; the Runner provides the state."""
+    """The steps of one trial, with what they need passed in: the run's options, the machine,
+    the study and its storage, the space and the baseline, the user's script (if any), where
+    trials write, who is told, this thread's measurer (``measurer_now``: slots of an executor
+    measure side by side, each with its own) and what measures a config (``measure``: a trial
+    process through the measurer, unless a test or the search benchmark injects a replay).
+
+    What the steps learn is theirs, and the Runner's loop reads it: the space with the knobs a
+    script never applies fixed, and why no later trial can run (``no_room``, ``halted``)."""
 
     opts: RunOptions
-    reporter: Reporter
     hw: Hardware
     study: optuna.Study
     storage: optuna.storages.BaseStorage
     storage_url: str
-    study_name: str
     limit: int
     space: NarrowedSpace
     baseline: Config
-    measurer: Measurer
     command: Command | None
     out_dir: Path
-    no_room: str | None
-    halted: str | None
-    trainer_said: bool
-    injected: MeasureTrial | None
+    reporter: Reporter
+    measurer_now: Callable[[], Measurer]
+    measure: MeasureTrial | None = None
+    no_room: str | None = None  # the next config does not fit what is left of --timeout
+    halted: str | None = None  # why no later trial can measure anything (a script's)
+    trainer_said: bool = False  # the note on the bootstrap's reach into a Trainer, once
+
+    @property
+    def measurer(self) -> Measurer:
+        return self.measurer_now()
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         """The study lock: one worker at a time reads-then-writes the study."""
-        with storage.locked(self.storage_url, self.study_name):
+        with storage.locked(self.storage_url, self.study.study_name):
             yield
 
-    def _recover_dead_trials(self) -> None:
+    def recover_dead_trials(self) -> None:
         claims.recover_dead(self.study, self.storage)
 
-    def _read(self) -> StudySnapshot:
+    def read(self) -> StudySnapshot:
         """The study as stored now, its trials judged against this run's memory limit."""
         return snapshot.read(self.study, self.limit)
 
-    def _run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
+    def run_trial(self, trial: optuna.Trial, remaining: float | None) -> bool:
         """Measure (or reuse, or rule out), record and export an asked trial. Returns whether
         nothing ran (a twin's measurement reused, or ruled out without running)."""
         told = False
@@ -80,12 +98,12 @@ class TrialSteps:
         try:
             config = self.space.suggest(trial, self.baseline)
             is_baseline = record.is_baseline(trial)
-            trial.set_user_attr("config", config.to_dict())
+            record.mark_config(trial, config)
             v, snap = self._verdict(trial.number, config, is_baseline, remaining)
             if v.record is not None:  # nothing runs
                 self._write(trial, v.record)
                 told = True
-                if v.kind == verdict.NO_ROOM:
+                if v.kind == verdict.Kind.NO_ROOM:
                     self.no_room = f"not run: no room left: {v.plan.no_room}" if v.plan \
                         else v.kind
                 if v.reported:
@@ -93,7 +111,7 @@ class TrialSteps:
                 return True
             if v.twin is not None:  # reported once, when recorded: nothing runs
                 m = replace(v.twin.measurement, stderr_tail="")
-                trial.set_user_attr("reused_from", v.twin.number)
+                record.mark_reused(trial, v.twin.number)
             else:
                 assert v.plan is not None
                 self._forecast(trial, config, v.plan, snap)
@@ -114,12 +132,12 @@ class TrialSteps:
             if m.is_result:
                 self._report(trial)
             else:
-                self._export(self._read())
+                self.export(self.read())
             return v.twin is not None
         finally:
             if not told:
                 with contextlib.suppress(Exception):
-                    trial.set_user_attr("interrupted", True)
+                    record.mark_interrupted(trial)
                     self.study.tell(trial, state=TrialState.FAIL)
 
     def _verdict(self, number: int, config: Config, is_baseline: bool,
@@ -129,7 +147,7 @@ class TrialSteps:
         so a fleet never measures one config twice at the same time."""
         told = False
         while True:
-            snap = self._read()
+            snap = self.read()
             running = () if is_baseline else tuple(
                 claims.running_twins(self.study, number, config, self.opts.measure))
             twin = None if is_baseline or running else \
@@ -137,14 +155,14 @@ class TrialSteps:
             v = verdict.decide(verdict.Facts(
                 config, number, is_baseline, self.limit, twin=twin, running_twins=running,
                 rule=oversubscribed(config, self.hw.cpu_cores),
-                memory=self._memory_model(snap).verdict(config),
-                plan=None if twin else self._trial_budget(config, remaining, snap)))
-            if v.kind != verdict.TWIN_RUNNING:
+                memory=self.memory_model(snap).verdict(config),
+                plan=None if twin else self.trial_budget(config, remaining, snap)))
+            if v.kind != verdict.Kind.TWIN_RUNNING:
                 return v, snap
             if not told:
                 # Its worker may be dead: found like any other dead worker's trial.
-                with self._locked():
-                    self._recover_dead_trials()
+                with self.locked():
+                    self.recover_dead_trials()
                 self.reporter.note(f"trial {number}: another worker is measuring this config "
                                    f"(trial {running[0]}); waiting to reuse its result")
                 told = True
@@ -152,8 +170,8 @@ class TrialSteps:
 
     def _report(self, trial: optuna.Trial) -> None:
         """Export the profile as the study stands now, and show the trial beside the best."""
-        snap = self._read()
-        self._export(snap)
+        snap = self.read()
+        self.export(snap)
         done = snap.trial(trial.number)
         if done is not None:
             self.reporter.trial_finished(done, snap.best)
@@ -173,7 +191,7 @@ class TrialSteps:
         known = record.read_facts(self.study).unapplied
         if known is not None and (later := self._not_in_effect(m)):
             # Found after the baseline (a value the Trainer refuses): fixed from now on.
-            self.study.set_user_attr("unapplied", {**known, **later})
+            record.write_unapplied(self.study, {**known, **later})
             self.space = self.space.fix(later, self.baseline)
             for why in later.values():
                 self.reporter.note(f"fixed: {why}")
@@ -182,7 +200,7 @@ class TrialSteps:
         accessed = set(m.script.get("accessed") or ())
         reasons = unapplied(list(self.space.searched), accessed, self.command.name,
                             dict(read_back) if read_back is not None else None)
-        self.study.set_user_attr("unapplied", reasons)
+        record.write_unapplied(self.study, reasons)
         self.space = self.space.fix(reasons, self.baseline)
         if reasons and not accessed and read_back is None:  # one line: no profile loaded
             self.reporter.note(f"fixed: {self.command.name} never loads a profile "
@@ -227,7 +245,7 @@ class TrialSteps:
                     f"; pass --param batch={batch} to measure it against your batch"
                     if batch is not None else ""))
 
-    def _trial_budget(self, config: Config, remaining: float | None,
+    def trial_budget(self, config: Config, remaining: float | None,
                       snap: StudySnapshot) -> budget.TrialBudget:
         """The measuring budget ``config``'s predicted steps need, or why it does not run
         (``remaining``: seconds left for the search; None: judge the config alone)."""
@@ -244,11 +262,9 @@ class TrialSteps:
     def _forecast(self, trial: optuna.Trial, config: Config, plan: budget.TrialBudget,
                   snap: StudySnapshot) -> None:
         """What the models predicted before the trial ran, kept beside what it measured."""
-        peak = self._memory_model(snap).predict(config)
-        trial.set_user_attr("forecast", {
-            "step": plan.prediction.to_dict() if plan.prediction else None,
-            "peak_memory_bytes": None if peak is None else int(peak),
-            "max_seconds": round(plan.settings.max_seconds, 2)})
+        peak = self.memory_model(snap).predict(config)
+        record.mark_forecast(trial, record.Forecast(
+            plan.prediction, None if peak is None else int(peak), plan.settings.max_seconds))
 
     def _measure_trial(self, trial: optuna.Trial, config: Config, is_baseline: bool, index: int,
                        remaining: float | None, settings: MeasureSettings,
@@ -263,21 +279,17 @@ class TrialSteps:
                                     timeout)
         # The search's settings identify how it was measured (twins match on them); a longer
         # budget is kept beside them.
-        trial.set_user_attr("measure_settings", self.opts.measure.to_dict())
-        if settings != self.opts.measure:
-            trial.set_user_attr("budget", {
-                k: v for k, v in settings.to_dict().items()
-                if v != self.opts.measure.to_dict()[k]})
+        record.mark_measuring(trial, self.opts.measure, settings)
         best = snap.best if self.opts.prune and not is_baseline else None
         m = self.measure_config(config, self._workdir(trial), timeout, settings,
                                 best.samples_per_sec if best else None)
         if cut and m.ended_by == TRIAL_TIMEOUT and not record.budget_cut_before(trial):
             # The run's budget ended this trial, not the config's speed: not a result, measured
             # again once by the next run (twice cut: it is a real timeout).
-            m = replace(m, status="error", reason="stopped by the run's --timeout",
+            m = replace(m, status=Status.ERROR, reason="stopped by the run's --timeout",
                         ended_by=BUDGET)
         if not is_baseline and m.is_result and (off := self._not_in_effect(m)):
-            m = replace(m, status="error",
+            m = replace(m, status=Status.ERROR,
                         reason=f"not this config's speed: {'; '.join(off.values())}")
         return m
 
@@ -296,7 +308,7 @@ class TrialSteps:
                        settings: MeasureSettings, prune_below: float | None = None,
                        report: bool = True) -> Measurement:
         """One trial process for ``config``, or what the run was given to measure with."""
-        measure = self.injected or self.measurer.run
+        measure = self.measure or self.measurer.run
         return measure(config, workdir, timeout, settings, prune_below,
                        self.reporter.trial_event if report else None)
 
@@ -306,10 +318,10 @@ class TrialSteps:
     def _write(self, trial: optuna.Trial, rec: record.Record) -> None:
         record.tell(self.study, trial, rec)
 
-    def _memory_model(self, snap: StudySnapshot) -> MemoryModel:
+    def memory_model(self, snap: StudySnapshot) -> MemoryModel:
         return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)
 
-    def _export(self, snap: StudySnapshot) -> Profile | None:
+    def export(self, snap: StudySnapshot) -> Profile | None:
         return write_profile(self.study, snap, storage.redact(self.storage_url),
                               self.opts.global_batch, self.out_dir / "profile.yaml")
 
@@ -323,7 +335,7 @@ def _shared_failure(m: Measurement, script: str) -> str | None:
     if m.script.get("samples_mismatch"):
         return ("the baseline trained another batch than its config (see its reason): no "
                 "trial would measure the config it records")
-    if m.ok or m.status != "error":
+    if m.ok or m.status != Status.ERROR:
         return None
     return (f"the baseline trial of {script} failed ({_first_line(m.reason)}), and every trial "
             "runs the same script: make it train as it is on its own, then run again (its "

@@ -8,20 +8,22 @@ writes the record and reports the trial once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from autotune.config.knobs import Config
 from autotune.tuner import record
 from autotune.tuner.budget import TrialBudget
-from autotune.tuner.record import Record, TrialRecord
+from autotune.tuner.record import Predicted, Prediction, Record, TrialRecord
 
-# Verdict kinds.
-RUN = "run"
-TWIN = "twin"  # measured already with the same settings: its outcome is reused
-TWIN_RUNNING = "twin running"  # another worker measures it now: wait, then reuse
-RULED_OUT = "ruled out"  # a rule of the space (more threads and workers than cores)
-PREDICTED_OOM = "predicted oom"
-PREDICTED_TOO_SLOW = "predicted too slow"
-NO_ROOM = "no room"  # fits the trial timeout, not what is left of the run's --timeout
+
+class Kind(StrEnum):
+    """What happens to a proposed config."""
+
+    RUN = "run"
+    TWIN = "twin"  # measured already with the same settings: its outcome is reused
+    TWIN_RUNNING = "twin running"  # another worker measures it now: wait, then reuse
+    PREDICTED = "predicted"  # ruled out without running (``Verdict.predicted`` says by what)
+    NO_ROOM = "no room"  # fits the trial timeout, not what is left of the run's --timeout
 
 
 @dataclass(frozen=True)
@@ -43,20 +45,21 @@ class Facts:
 class Verdict:
     """What to do with the config; ``record``: what to write on the trial when nothing runs."""
 
-    kind: str
+    kind: Kind
     record: Record | None = None
     plan: TrialBudget | None = None
     twin: TrialRecord | None = None
+    predicted: Predicted | None = None  # with PREDICTED: which rule or model ruled it out
 
     @property
     def runs(self) -> bool:
-        return self.kind == RUN
+        return self.kind == Kind.RUN
 
     @property
     def reported(self) -> bool:
         """Whether the console shows it as a trial (no room is said once, as the stop
         reason; a twin is reported when its reused outcome is recorded)."""
-        return self.kind in (RULED_OUT, PREDICTED_OOM, PREDICTED_TOO_SLOW)
+        return self.kind == Kind.PREDICTED
 
 
 def decide(f: Facts) -> Verdict:
@@ -66,14 +69,18 @@ def decide(f: Facts) -> Verdict:
     if f.is_baseline:
         return _budget(f)
     if f.running_twins:
-        return Verdict(TWIN_RUNNING)
+        return Verdict(Kind.TWIN_RUNNING)
     if f.twin is not None:
-        return Verdict(TWIN, twin=f.twin)
+        return Verdict(Kind.TWIN, twin=f.twin)
     if f.rule is not None:
-        return Verdict(RULED_OUT, record.of_rule(f.rule, f.limit))
+        return _predicted(Prediction(Predicted.OVERSUBSCRIBED, f.rule), f.limit)
     if f.memory is not None:
-        return Verdict(PREDICTED_OOM, record.of_prediction(f.memory[0], f.memory[1], f.limit))
+        return _predicted(Prediction(Predicted.OOM, f.memory[0], f.memory[1]), f.limit)
     return _budget(f)
+
+
+def _predicted(p: Prediction, limit: int, plan: TrialBudget | None = None) -> Verdict:
+    return Verdict(Kind.PREDICTED, record.of_prediction(p, limit), plan=plan, predicted=p.kind)
 
 
 def _budget(f: Facts) -> Verdict:
@@ -82,9 +89,9 @@ def _budget(f: Facts) -> Verdict:
     assert plan is not None, "a config that may run needs its measuring budget"
     if plan.too_slow:
         assert plan.prediction is not None
-        return Verdict(PREDICTED_TOO_SLOW, record.of_slow_prediction(
-            plan.too_slow, plan.prediction.step_s, f.config.samples_per_step, f.limit),
-            plan=plan)
+        return _predicted(Prediction(Predicted.TOO_SLOW, plan.too_slow,
+                                     step_s=plan.prediction.step_s,
+                                     samples_per_step=f.config.samples_per_step), f.limit, plan)
     if plan.no_room:
-        return Verdict(NO_ROOM, record.of_no_room(plan.no_room, f.limit), plan=plan)
-    return Verdict(RUN, plan=plan)
+        return Verdict(Kind.NO_ROOM, record.of_no_room(plan.no_room, f.limit), plan=plan)
+    return Verdict(Kind.RUN, plan=plan)

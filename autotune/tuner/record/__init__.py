@@ -1,18 +1,25 @@
-"""A trial's record in the study, both ways: what is written on a trial when it ends
-(``write``: a ``Record`` built from a Measurement), what is read back (``read``: a
-``TrialRecord``, parsed once) and what a study records of itself (``study``: ``StudyFacts``).
-With ``tuner/storage.py``, the only code that reads Optuna's ``user_attrs``: everything else
-reads typed records (``tuner.snapshot`` gathers them per read of the study).
+"""A trial's record in the study, both ways: what is written on a trial as it goes and when it
+ends (``write``: its marks, and a ``Record`` built from a Measurement or a Prediction), what is
+read back (``read``: a ``TrialRecord``, parsed once) and what a study records of itself
+(``facts``: ``StudyFacts``, read and written). With ``tuner/storage.py``, the only code that
+reads or writes Optuna's user attributes: everything else reads typed records
+(``tuner.snapshot`` gathers them per read of the study) and writes through these functions.
 """
 
 from autotune.tuner.record.facts import (
     StudyFacts,
     read_facts,
+    write_confirmation,
+    write_diagnosis,
+    write_flops,
+    write_identity,
+    write_memory_limit,
+    write_probe,
+    write_unapplied,
+    write_unverified_cpu,
 )
 from autotune.tuner.record.read import (
-    Forecast,
     Pending,
-    StepForecast,
     TrialRecord,
     Worker,
     baseline_pending,
@@ -26,24 +33,32 @@ from autotune.tuner.record.read import (
     worker_of,
 )
 from autotune.tuner.record.write import (
-    NOT_RUN,
-    OVERSUBSCRIBED,
-    PREDICTED_OOM,
-    TOO_SLOW,
+    Forecast,
+    Outcome,
+    Predicted,
+    Prediction,
     Record,
+    mark_claimed,
+    mark_config,
+    mark_forecast,
+    mark_interrupted,
+    mark_measuring,
+    mark_reused,
     of_measurement,
     of_no_room,
     of_prediction,
-    of_rule,
-    of_slow_prediction,
+    queue_baseline,
+    queue_staged,
     tell,
 )
 
 __all__ = [
-    "NOT_RUN", "OVERSUBSCRIBED", "PREDICTED_OOM", "TOO_SLOW", "Forecast",
-    "Pending", "Record", "StepForecast", "StudyFacts", "TrialRecord", "Worker",
-    "baseline_pending", "budget_cut_before", "is_baseline",
-    "of_measurement", "of_no_room", "of_prediction", "of_rule", "of_slow_prediction", "tell",
-    "read_facts", "read_pending", "read_trial", "read_trials", "running_twins",
-    "was_interrupted", "worker_of",
+    "Forecast", "Outcome", "Pending", "Predicted", "Prediction", "Record", "StudyFacts",
+    "TrialRecord", "Worker", "baseline_pending", "budget_cut_before", "is_baseline",
+    "mark_claimed", "mark_config", "mark_forecast", "mark_interrupted", "mark_measuring",
+    "mark_reused", "of_measurement", "of_no_room", "of_prediction", "queue_baseline",
+    "queue_staged", "read_facts", "read_pending", "read_trial", "read_trials",
+    "running_twins", "tell", "was_interrupted", "worker_of", "write_confirmation",
+    "write_diagnosis", "write_flops", "write_identity", "write_memory_limit", "write_probe",
+    "write_unapplied", "write_unverified_cpu",
 ]

@@ -1,4 +1,6 @@
-"""What a study records of itself (``StudyFacts``)."""
+"""What a study records of itself (``StudyFacts``), read once, and written here only: its
+identity when it is made, its memory limit, the probe, the FLOPs figure, the knobs a script
+never applies, the confirmation and the exported diagnosis."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any, cast
 
 import optuna
 
-from autotune.profile.documents import ProbeDoc
+from autotune.profile.documents import ConfirmationDoc, FindingDoc, ProbeDoc
 from autotune.tuner.confirmation import Confirmation
 from autotune.tuner.record.read import MALFORMED, left_out
 
@@ -74,3 +76,48 @@ def _confirmation(stored: object) -> Confirmation | None:
     except MALFORMED as exc:
         left_out("the study's confirmation", exc)
         return None
+
+
+def write_identity(study: optuna.Study, identity: Mapping[str, object]) -> None:
+    """What a new study measures (fingerprint, hardware, workload, space, baseline, created):
+    the resume guard compares a later run's against it."""
+    for key, value in identity.items():
+        study.set_user_attr(key, value)
+
+
+def write_memory_limit(study: optuna.Study, limit: int, spec: str | None) -> None:
+    """The limit the study's trials are judged against, and how it was asked for."""
+    study.set_user_attr("memory_limit_bytes", limit)
+    study.set_user_attr("memory_limit_spec", spec)
+
+
+def write_unverified_cpu(study: optuna.Study, fingerprint: Mapping[str, object],
+                         unverified: Mapping[str, object]) -> None:
+    """An old study's fingerprint completed with this CPU's identity, and which of its trials
+    ran before the CPU was known."""
+    study.set_user_attr("fingerprint", dict(fingerprint))
+    study.set_user_attr("cpu_identity_unverified", dict(unverified))
+
+
+def write_probe(study: optuna.Study, probe: ProbeDoc) -> None:
+    study.set_user_attr("probe", probe)
+
+
+def write_flops(study: optuna.Study, per_sample: float | None, source: str) -> None:
+    """The FLOPs per sample, counted once per study: every later trial is measured against
+    the same figure."""
+    study.set_user_attr("flops", {"per_sample": per_sample, "source": source})
+
+
+def write_unapplied(study: optuna.Study, reasons: Mapping[str, str]) -> None:
+    """The knobs a script was found never to apply, and why (fixed for every later worker)."""
+    study.set_user_attr("unapplied", dict(reasons))
+
+
+def write_confirmation(study: optuna.Study, doc: ConfirmationDoc) -> None:
+    study.set_user_attr("confirmation", doc)
+
+
+def write_diagnosis(study: optuna.Study, findings: list[FindingDoc]) -> None:
+    """The exported winner's findings, for the dashboard."""
+    study.set_user_attr("diagnosis", findings)

@@ -9,66 +9,16 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import Config
-from autotune.trial.measurement import Measurement
+from autotune.trial.measurement import Measurement, Status
 from autotune.trial.spec import MeasureSettings
-from autotune.tuner.record.write import PREDICTED_OOM
+from autotune.tuner.record.write import Forecast, Outcome, Predicted
 from autotune.tuner.search import Observation
-
-
-@dataclass(frozen=True)
-class StepForecast:
-    """The step-time model's prediction for a trial (``budget.StepPrediction`` as stored)."""
-
-    step_s: float
-    error: float
-    basis: str
-    fitted: bool
-
-
-class StepForecastDoc(TypedDict):
-    step_s: float
-    error: float
-    basis: str
-    fitted: bool
-
-
-class ForecastDoc(TypedDict):
-    """A forecast as the trial stores it."""
-
-    step: StepForecastDoc | None
-    peak_memory_bytes: int | None
-    max_seconds: float | None
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """What the models predicted before a trial ran, kept beside what it measured."""
-
-    step: StepForecast | None = None
-    peak_memory_bytes: int | None = None
-    max_seconds: float | None = None  # its measuring budget
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Forecast:
-        s = d.get("step")
-        step = StepForecast(float(s["step_s"]), float(s.get("error") or 0.0),
-                            str(s.get("basis") or ""), bool(s.get("fitted"))) if s else None
-        peak = d.get("peak_memory_bytes")
-        return cls(step, None if peak is None else int(peak), d.get("max_seconds"))
-
-    def to_dict(self) -> ForecastDoc:
-        step: StepForecastDoc | None = None if self.step is None else {
-            "step_s": self.step.step_s, "error": self.step.error, "basis": self.step.basis,
-            "fitted": self.step.fitted}
-        return {"step": step, "peak_memory_bytes": self.peak_memory_bytes,
-                "max_seconds": self.max_seconds}
-
 
 # Allowed for loading compiled graphs from the cache, as a share of what compiling them took
 # (BERT-base 8x1 fp32 here: a 74.1 s first step, 58.3 s of it in the backend, 15.9 s from the
@@ -84,12 +34,12 @@ class TrialRecord:
     number: int
     state: TrialState
     config: Config
-    status: str
+    status: Status
     reason: str | None
     measurement: Measurement
     is_baseline: bool = False
     reused_from: int | None = None  # a repeat of a measured config: its outcome, reused
-    predicted_kind: str | None = None  # ruled out without running (PREDICTED_OOM, ...)
+    predicted_kind: Predicted | None = None  # ruled out without running: by which model
     stage: str | None = None  # why the search proposed it, when it was not the sampler
     forecast: Forecast = field(default_factory=Forecast)
     overhead_share: float | None = None
@@ -100,13 +50,21 @@ class TrialRecord:
     completed: datetime | None = None
 
     @property
+    def outcome(self) -> Outcome:
+        """What the trial was: ruled out by a prediction, a twin's outcome reused, or measured
+        by a process of its own."""
+        if self.predicted_kind is not None:
+            return Outcome.PREDICTED
+        return Outcome.MEASURED if self.reused_from is None else Outcome.REUSED
+
+    @property
     def predicted(self) -> bool:
-        return self.predicted_kind is not None
+        return self.outcome == Outcome.PREDICTED
 
     @property
     def ran(self) -> bool:
         """It ran a process of its own (not a reused twin, not ruled out)."""
-        return self.reused_from is None and not self.predicted
+        return self.outcome == Outcome.MEASURED
 
     @property
     def source(self) -> int:
@@ -115,7 +73,7 @@ class TrialRecord:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
     def fits(self, limit: int) -> bool:
         """Measured ok, and its peak stayed within ``limit``."""
@@ -247,13 +205,16 @@ def _parse(t: FrozenTrial, a: Mapping[str, Any]) -> TrialRecord:
     if not budget and a.get("remeasured"):
         # Studies of autotune 0.x measured a too-slow config again with a longer budget.
         budget = {"max_seconds": a["remeasured"]["max_seconds"]}
-    predicted = a.get("predicted_kind", PREDICTED_OOM) if a.get("predicted") else None
+    # Studies from before the step-time model stored no kind: the memory model's.
+    predicted = Predicted(a.get("predicted_kind", Predicted.OOM)) if a.get("predicted") \
+        else None
     forecast = a.get("forecast") or ({"peak_memory_bytes": measured.get(
         "predicted_peak_memory_bytes")} if predicted else {})
     return TrialRecord(
         number=t.number, state=t.state, config=Config.from_dict(a["config"]),
-        status=str(a["status"]), reason=a.get("reason"),
-        measurement=Measurement.from_dict(measured), is_baseline=bool(a.get("baseline")),
+        status=Status(a["status"]), reason=a.get("reason"),
+        measurement=Measurement.from_dict(measured),
+        is_baseline=bool(a.get("baseline")),
         reused_from=a.get("reused_from"), predicted_kind=predicted, stage=a.get("stage"),
         forecast=Forecast.from_dict(forecast), overhead_share=a.get("overhead_share"),
         measure_settings=dict(a.get("measure_settings") or {}), budget=budget,

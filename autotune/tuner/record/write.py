@@ -1,5 +1,8 @@
-"""What is written on a trial when it ends: a ``Record`` built from a Measurement (or from what
-a model or a rule predicted: nothing ran), and ``tell``, which writes it and ends the trial.
+"""What is written on a trial, in one place: the marks a trial gets as it goes (its config, a
+reused twin, its forecast, its measuring budget, the worker that claimed it), and when it ends a
+``Record`` built from a Measurement or from a ``Prediction`` (nothing ran), which ``tell``
+writes. Nothing outside ``tuner/record/`` (and ``tuner/storage.py``) writes a trial's or a
+study's user attributes (tests/test_layout.py).
 
 What the sampler sees, by outcome:
   ok        COMPLETE with the median samples/sec, each window's rate as an intermediate value;
@@ -8,6 +11,7 @@ What the sampler sees, by outcome:
   timeout   PRUNED, with the rough rate of its first step as the only hint;
   diverged  PRUNED (the loss went NaN or infinite: it never wins, whatever its speed);
   error     FAIL;
+  predicted PRUNED, nothing ran (a rule, the memory model or the step-time model ruled it out);
   not a result (Ctrl-C, the run's --timeout): FAIL, marked interrupted, and queued again;
   not run   (no room left in the run's --timeout to measure it): FAIL, marked not_run, not
             queued again.
@@ -18,17 +22,80 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, TypedDict
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.trial.measurement import BUDGET, Measurement
+from autotune.config.knobs import Config
+from autotune.trial.measurement import BUDGET, Measurement, Status
+from autotune.trial.spec import MeasureSettings
+from autotune.tuner.budget import PredictionForm, StepPrediction
 
-# Why a config was ruled out without running (TrialRecord.predicted_kind).
-PREDICTED_OOM, TOO_SLOW, OVERSUBSCRIBED = "oom", "too_slow", "oversubscribed"
-# The status of a trial that never started (no room left in the run's --timeout).
-NOT_RUN = "not-run"
+
+class Outcome(StrEnum):
+    """What a trial was: measured by a process of its own, a twin's measurement reused, ruled
+    out by a prediction with nothing run, or not run for want of time (no record)."""
+
+    MEASURED = "measured"
+    REUSED = "reused"
+    PREDICTED = "predicted"
+    NOT_RUN = "not-run"  # also its stored status: never read back as a record
+
+
+class Predicted(StrEnum):
+    """Why a config was ruled out without running; the stored spelling (old studies too)."""
+
+    OOM = "oom"  # the memory model
+    TOO_SLOW = "too_slow"  # the step-time model: too slow for any measuring budget
+    OVERSUBSCRIBED = "oversubscribed"  # a rule of the space: more threads and workers than cores
+
+
+# What a predicted trial's status reads as (the sampler's view: pruned; too slow: timeout).
+PREDICTED_STATUS = {Predicted.OOM: Status.PRUNED, Predicted.TOO_SLOW: Status.TIMEOUT,
+                    Predicted.OVERSUBSCRIBED: Status.PRUNED}
+
+
+class ForecastDoc(TypedDict):
+    """A forecast as the trial stores it."""
+
+    step: PredictionForm | None
+    peak_memory_bytes: int | None
+    max_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What the models predicted before a trial ran, kept beside what it measured."""
+
+    step: StepPrediction | None = None
+    peak_memory_bytes: int | None = None
+    max_seconds: float | None = None  # its measuring budget
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Forecast:
+        s = d.get("step")
+        step = StepPrediction(float(s["step_s"]), float(s.get("error") or 0.0),
+                              str(s.get("basis") or ""), bool(s.get("fitted"))) if s else None
+        peak = d.get("peak_memory_bytes")
+        return cls(step, None if peak is None else int(peak), d.get("max_seconds"))
+
+    def to_dict(self) -> ForecastDoc:
+        return {"step": None if self.step is None else self.step.to_dict(),
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "max_seconds": None if self.max_seconds is None else round(self.max_seconds, 2)}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A config ruled out without running, and what the model that ruled it out predicted."""
+
+    kind: Predicted
+    reason: str
+    peak_memory_bytes: float | None = None  # the memory model's
+    step_s: float | None = None  # the step-time model's
+    samples_per_step: int = 0
 
 
 class Retry(TypedDict):
@@ -60,8 +127,9 @@ def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
     """The record of a trial that ran (or reused a twin's measurement)."""
     if m.ok:
         m = replace(m, stderr_tail="")  # keep the storage small; failures keep theirs
-    attrs: dict[str, Any] = {"status": m.status, "reason": m.reason, "measurement": m.to_dict(),
-                             "memory_limit_bytes": limit, "overhead_share": m.overhead_share()}
+    attrs: dict[str, Any] = {"status": m.status.value, "reason": m.reason,
+                             "measurement": m.to_dict(), "memory_limit_bytes": limit,
+                             "overhead_share": m.overhead_share()}
     if devices:
         attrs["devices"] = dict(devices)  # which, and when (wall clock): the device lock
     if not m.is_result:
@@ -70,66 +138,53 @@ def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
         return Record(attrs, TrialState.FAIL, retry_attrs={
             "retry_of": number, "baseline": baseline, "budget_cut": m.ended_by == BUDGET})
     constraint = None
-    if m.status in ("ok", "oom", "pruned"):
+    if m.status in (Status.OK, Status.OOM, Status.PRUNED):
         # An OOM is infeasible whatever peak was sampled before it died.
         over = float(m.peak_memory_bytes - limit)
-        constraint = max(over, 1.0) if m.status == "oom" else over
+        constraint = max(over, 1.0) if m.status == Status.OOM else over
     rates = tuple(w["samples"] / w["seconds"] for w in m.windows)
-    if m.status == "pruned":
+    if m.status == Status.PRUNED:
         # Stopped for being clearly slower than the best: its windows tell the sampler how
         # much slower.
         return Record(attrs, TrialState.PRUNED, constraint=constraint, intermediate=rates)
     if m.ok:
         return Record(attrs, TrialState.COMPLETE, value=m.samples_per_sec,
                       constraint=constraint, intermediate=rates)
-    if m.status == "oom":
+    if m.status == Status.OOM:
         return Record(attrs, TrialState.COMPLETE, value=0.0, constraint=constraint)
-    if m.status == "diverged":
+    if m.status == Status.DIVERGED:
         # Its windows' rates are not a result: a config that does not train has no speed.
         return Record(attrs, TrialState.PRUNED, constraint=constraint)
-    if m.status == "timeout":
+    if m.status == Status.TIMEOUT:
         # Too slow to measure: pruned, with the rough rate as the sampler's only hint.
         rough = (m.rough_samples_per_sec,) if m.rough_samples_per_sec else ()
         return Record(attrs, TrialState.PRUNED, intermediate=rough)
     return Record(attrs, TrialState.FAIL)
 
 
-def _predicted(m: Measurement, kind: str, limit: int) -> dict[str, Any]:
-    """The attributes of a config ruled out without running: nothing was measured."""
-    return {"status": m.status, "reason": m.reason, "predicted": True, "predicted_kind": kind,
-            "measurement": {k: v for k, v in m.to_dict().items() if v not in (None, {}, "")
-                            or k in ("windows", "peak_memory_bytes", "wall_s")},
-            "memory_limit_bytes": limit}
-
-
-def of_prediction(reason: str, peak: float | None, limit: int) -> Record:
-    """The record of a config the memory model ruled out: nothing ran. Infeasible for the
-    sampler, like an OOM: its constraint is the predicted excess."""
-    m = Measurement("pruned", reason, predicted_peak_memory_bytes=None if peak is None
-                    else int(peak))
-    attrs = _predicted(m, PREDICTED_OOM, limit)
-    attrs["measurement"]["predicted_peak_memory_bytes"] = m.predicted_peak_memory_bytes
-    return Record(attrs, TrialState.PRUNED, constraint=max(1.0, (peak or 0.0) - limit))
-
-
-def of_rule(reason: str, limit: int) -> Record:
-    """The record of a config a rule of the space ruled out (more threads and loader workers
-    than cores): nothing ran, nothing about its speed or memory is known."""
-    return Record(_predicted(Measurement("pruned", reason), OVERSUBSCRIBED, limit),
-                  TrialState.PRUNED)
-
-
-def of_slow_prediction(reason: str, step_s: float, samples_per_step: int,
-                       limit: int) -> Record:
-    """The record of a config the step-time model ruled out: its steps are predicted too long
-    to measure within --trial-timeout, and nothing ran. Pruned, like a measured too-slow
-    trial, with the predicted rate as the sampler's hint; memory is unknown, so no
-    constraint."""
-    rate = samples_per_step / step_s if step_s > 0 else 0.0
-    m = Measurement("timeout", reason, predicted_step_s=round(step_s, 4),
-                    rough_samples_per_sec=round(rate, 6))
-    return Record(_predicted(m, TOO_SLOW, limit), TrialState.PRUNED,
-                  intermediate=(rate,) if rate else ())
+def of_prediction(p: Prediction, limit: int) -> Record:
+    """The record of a config ruled out without running. The memory model's is infeasible for
+    the sampler, like an OOM (its constraint is the predicted excess); the step-time model's is
+    pruned like a measured too-slow trial, with the predicted rate as the sampler's hint (memory
+    unknown: no constraint); a rule's says nothing of speed or memory."""
+    measured: dict[str, Any] = {"status": PREDICTED_STATUS[p.kind].value, "reason": p.reason,
+                                "peak_memory_bytes": 0, "windows": [], "wall_s": 0.0,
+                                "ranks": []}
+    constraint: float | None = None
+    hint: tuple[float, ...] = ()
+    if p.kind == Predicted.OOM:
+        measured["predicted_peak_memory_bytes"] = None if p.peak_memory_bytes is None \
+            else int(p.peak_memory_bytes)
+        constraint = max(1.0, (p.peak_memory_bytes or 0.0) - limit)
+    elif p.kind == Predicted.TOO_SLOW and p.step_s is not None:
+        rate = p.samples_per_step / p.step_s if p.step_s > 0 else 0.0
+        measured.update(predicted_step_s=round(p.step_s, 4),
+                        rough_samples_per_sec=round(rate, 6))
+        hint = (rate,) if rate else ()
+    attrs = {"status": measured["status"], "reason": p.reason, "predicted": True,
+             "predicted_kind": p.kind.value, "measurement": measured,
+             "memory_limit_bytes": limit}
+    return Record(attrs, TrialState.PRUNED, constraint=constraint, intermediate=hint)
 
 
 def of_no_room(reason: str, limit: int) -> Record:
@@ -138,7 +193,7 @@ def of_no_room(reason: str, limit: int) -> Record:
     ignores it), marked ``not_run``; never queued again: the search proposes it again on a
     later run if it is still worth measuring then."""
     said = f"not run: no room left: {reason}"
-    return Record({"status": NOT_RUN, "reason": said, "not_run": True,
+    return Record({"status": Outcome.NOT_RUN.value, "reason": said, "not_run": True,
                    "memory_limit_bytes": limit}, TrialState.FAIL)
 
 
@@ -158,3 +213,56 @@ def tell(study: optuna.Study, trial: optuna.Trial, rec: Record) -> None:
         study.tell(trial, state=rec.state)
     if rec.retry_attrs is not None:
         study.enqueue_trial(trial.params, user_attrs=dict(rec.retry_attrs))
+
+
+# -- marks on a trial as it goes ---------------------------------------------------------------
+
+def mark_config(trial: optuna.Trial, config: Config) -> None:
+    """The config a trial measures, written as soon as it is known (a fleet's workers read it
+    from running trials)."""
+    trial.set_user_attr("config", config.to_dict())
+
+
+def mark_reused(trial: optuna.Trial, twin: int) -> None:
+    trial.set_user_attr("reused_from", twin)
+
+
+def mark_interrupted(trial: optuna.Trial) -> None:
+    """A trial that ended before its record was written: not a result, measured again."""
+    trial.set_user_attr("interrupted", True)
+
+
+def mark_forecast(trial: optuna.Trial, forecast: Forecast) -> None:
+    trial.set_user_attr("forecast", forecast.to_dict())
+
+
+def mark_measuring(trial: optuna.Trial, search: MeasureSettings,
+                   used: MeasureSettings) -> None:
+    """How the trial is measured: the search's settings (twins match on them) and, where its
+    steps need a longer budget, what differs from them."""
+    trial.set_user_attr("measure_settings", search.to_dict())
+    if used != search:
+        trial.set_user_attr("budget", {k: v for k, v in used.to_dict().items()
+                                       if v != search.to_dict()[k]})
+
+
+def mark_claimed(trial: optuna.Trial, worker: Mapping[str, Any], *, alive_at: float | None,
+                 retry_of: int | None) -> None:
+    """A trial just asked, marked as this worker's: its identity, a first sign of life where
+    the storage keeps no heartbeat, and, for a retried trial, which one it retries (it arrives
+    with its dead worker's attributes)."""
+    trial.set_user_attr("worker", dict(worker))
+    if alive_at is not None:
+        trial.set_user_attr("alive_at", alive_at)
+    if retry_of is not None:
+        trial.set_user_attr("interrupted", False)
+        trial.set_user_attr("retry_of", retry_of)
+
+
+def queue_baseline(study: optuna.Study, params: Mapping[str, Any]) -> None:
+    study.enqueue_trial(dict(params), user_attrs={"baseline": True})
+
+
+def queue_staged(study: optuna.Study, params: Mapping[str, Any], stage: str) -> None:
+    """A config the staged search proposes next, with why (``TrialRecord.stage``)."""
+    study.enqueue_trial(dict(params), user_attrs={"stage": stage})
