@@ -15,6 +15,7 @@ from rich.text import Text
 from autotune.config.knobs import Config
 from autotune.events import JsonReporter
 from autotune.trial.measurement import Measurement, Status
+from autotune.trial.progress import ProgressEvent
 from autotune.tuner.confirmation import NO_WIN, Candidate
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.reporting import QuietReporter, RunSummary, StartInfo
@@ -109,7 +110,7 @@ class ConsoleReporter:
         else:
             self._plain(f"{self.current} ... ({self._eta_text()})")
 
-    def trial_event(self, event: dict[str, Any]) -> None:
+    def trial_event(self, event: ProgressEvent) -> None:
         if self.progress is None or self.task is None:
             return
         kind = event.get("event")

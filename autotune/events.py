@@ -8,6 +8,7 @@ from typing import Any
 
 from autotune.config.knobs import Config
 from autotune.trial.measurement import Measurement
+from autotune.trial.progress import ProgressEvent
 from autotune.tuner.confirmation import Candidate
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.reporting import RunSummary, StartInfo
@@ -48,7 +49,7 @@ class JsonReporter:
         self._emit("trial_started", trial=number, index=index, total=total,
                    config=config.to_dict(), baseline=is_baseline, timeout_s=timeout_s)
 
-    def trial_event(self, event: dict[str, Any]) -> None:
+    def trial_event(self, event: ProgressEvent) -> None:
         fields = {k: v for k, v in event.items() if k not in ("event", "t")}
         self._emit("trial_progress", trial=self.trial, kind=event.get("event"), **fields)
 

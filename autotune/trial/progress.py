@@ -16,7 +16,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 from autotune.trial.result import Window
 from autotune.trial.untrusted import Refused, loads, open_file
@@ -35,7 +35,26 @@ _EVENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def _line(event: str, data: dict[str, Any]) -> str:
+class ProgressEvent(TypedDict, total=False):
+    """One event as it is read back: its kind, the wall clock it was written at, and the
+    numbers of its kind (``_EVENTS``), each a finite number."""
+
+    event: Required[str]
+    t: float
+    build_s: float
+    seconds: float
+    index: int
+    samples: int
+    samples_per_sec: float
+    data_wait_s: float
+    comm_wait_s: float
+
+
+# Who is handed each event as it comes (the console, --json, pruning).
+OnEvent = Callable[[ProgressEvent], None]
+
+
+def _line(event: str, data: dict[str, object]) -> str:
     return json.dumps({"event": event, "t": time.time(), **data}) + "\n"
 
 
@@ -57,7 +76,7 @@ def append(path: str, event: str, **data: Any) -> None:
         f.write(_line(event, data))
 
 
-def read_events(path: str) -> list[dict[str, Any]]:
+def read_events(path: str) -> list[ProgressEvent]:
     """The trial's progress events so far (in the file's first ``MAX_FILE`` bytes): whole
     lines only (the last may be half written), autotune's events only (``_event``)."""
     try:
@@ -68,7 +87,7 @@ def read_events(path: str) -> list[dict[str, Any]]:
     return _events(data[:data.rfind(b"\n") + 1])
 
 
-def _events(data: bytes) -> list[dict[str, Any]]:
+def _events(data: bytes) -> list[ProgressEvent]:
     events = []
     for line in data.split(b"\n"):
         with contextlib.suppress(Refused):
@@ -77,7 +96,7 @@ def _events(data: bytes) -> list[dict[str, Any]]:
     return events
 
 
-def _event(doc: Any) -> dict[str, Any] | None:
+def _event(doc: object) -> ProgressEvent | None:
     """``doc`` as the event autotune writes: a known kind with each of its numbers a finite
     number, and nothing else; None when it is not one."""
     if not isinstance(doc, dict) or doc.get("event") not in _EVENTS:
@@ -85,7 +104,7 @@ def _event(doc: Any) -> dict[str, Any] | None:
     needed, optional = _EVENTS[doc["event"]]
     if any(k not in doc for k in needed):
         return None
-    event: dict[str, Any] = {"event": doc["event"]}
+    event: dict[str, object] = {"event": doc["event"]}
     for key in ("t", *needed, *optional):
         if key in doc:
             value = doc[key]
@@ -93,10 +112,10 @@ def _event(doc: Any) -> dict[str, Any] | None:
                     or not math.isfinite(value):
                 return None
             event[key] = value
-    return event
+    return cast(ProgressEvent, event)
 
 
-def measured_span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+def measured_span(events: list[ProgressEvent]) -> tuple[float, float] | None:
     """Wall-clock start and end of a trial's timed windows, from its progress events (each
     window's event is written at its end, with its length)."""
     windows = [e for e in events if e.get("event") == "window" and "t" in e]
@@ -127,7 +146,7 @@ class Tail:
     def __init__(self, path: str) -> None:
         self.path, self.offset = path, 0
 
-    def forward(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+    def forward(self, on_event: OnEvent) -> None:
         """Hand each new, whole event to ``on_event``."""
         try:
             with open_file(self.path) as f:

@@ -6,7 +6,7 @@ decision reads the study and then writes it."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
 
 import optuna
 from optuna.trial import TrialState
@@ -60,7 +60,7 @@ def recover_dead(study: optuna.Study, storage: optuna.storages.BaseStorage) -> N
     fail_stale(study)  # other hosts: by heartbeat
 
 
-def enqueue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
+def enqueue_baseline(study: optuna.Study, params: Mapping[str, object]) -> None:
     """Queue the baseline once: a baseline that ran (even to an OOM) is not run again."""
     if not record.baseline_pending(study):
         record.queue_baseline(study, params)

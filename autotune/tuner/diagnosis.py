@@ -10,7 +10,7 @@ fp16 under autocast, else fp32), times the GPUs a trial uses (ranks on one CPU s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.config.knobs import Config
@@ -51,10 +51,10 @@ class MemoryWall:
 class Finding:
     kind: str  # one of KINDS
     text: str  # one line, its numbers in it
-    evidence: dict[str, Any]
+    evidence: dict[str, object]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> FindingDoc:
+        return self.to_doc()
 
     def to_doc(self) -> FindingDoc:
         """As a profile holds it."""

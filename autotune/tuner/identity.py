@@ -61,10 +61,10 @@ def default_name(workload_name: str, workload: WorkloadSpec, space: NarrowedSpac
     return f"{prefix[:150]}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 
-def _shape(space: NarrowedSpace) -> dict[str, Any]:
+def _shape(space: NarrowedSpace) -> dict[str, int]:
     """What, besides the searched knobs, makes two studies' trials incomparable. Empty for one
     rank without --global-batch, so studies made before these options keep their names."""
-    shape: dict[str, Any] = {}
+    shape: dict[str, int] = {}
     if space.world_size != 1:
         shape["world_size"] = space.world_size
     if space.global_batch is not None:

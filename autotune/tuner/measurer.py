@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import optuna
 
@@ -27,6 +27,7 @@ from autotune.trial.command import Command
 from autotune.trial.executors import Executor
 from autotune.trial.launch import Nodes
 from autotune.trial.measurement import Measurement, classify
+from autotune.trial.progress import OnEvent, ProgressEvent
 from autotune.trial.reports import finite_number
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
 from autotune.tuner import fleet, record
@@ -41,7 +42,7 @@ class MeasureTrial(Protocol):
 
     def __call__(self, config: Config, workdir: Path, timeout: float, settings: MeasureSettings,
                  prune_below: float | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> Measurement: ...
+                 on_event: OnEvent | None = None) -> Measurement: ...
 
 
 def compile_cache(workdir: Path) -> Path:
@@ -66,7 +67,7 @@ class Measurer:
     address_space_bytes: int | None = None
     command: Command | None = None  # the user's script, run as each trial (autotune run -- CMD)
     probe: ProbeDoc | None = None  # the probe's summary, once the run has read it
-    held: dict[str, Any] = field(default_factory=dict)  # devices and span of the last trial
+    held: record.DevicesHeld = field(default_factory=lambda: record.DevicesHeld())  # last trial's
     executor: Executor | None = None  # a cluster engine (``trial.executors``); None: here
     slot: int = 0  # which of the executor's node sets this measurer's trials take
     interrupt: threading.Event | None = None  # set: end the trial as Ctrl-C would (threads)
@@ -99,13 +100,13 @@ class Measurer:
 
     def run(self, config: Config, workdir: Path, timeout: float, settings: MeasureSettings,
             prune_below: float | None = None,
-            on_event: Callable[[dict[str, Any]], None] | None = None) -> Measurement:
+            on_event: OnEvent | None = None) -> Measurement:
         """One trial process (or torchrun group) for ``config``; with ``prune_below`` (the best
         rate so far), it is stopped once its first windows are all clearly below it."""
         rates: list[float] = []
         one_step: list[bool] = []  # whether each window was one whole step
 
-        def event(e: dict[str, Any]) -> None:
+        def event(e: ProgressEvent) -> None:
             seen = window_event(e, config.samples_per_step, settings.min_window_s)
             if seen is not None:
                 rates.append(seen[0])
@@ -189,7 +190,7 @@ class Measurer:
         record.write_probe(self.study, found)
 
 
-def window_event(e: dict[str, Any], samples_per_step: int,
+def window_event(e: ProgressEvent, samples_per_step: int,
                  min_window_s: float) -> tuple[float, bool] | None:
     """A progress event's window, as pruning reads it: its samples/s and whether it was one
     whole step; None for any other event, or one whose numbers are not finite numbers (a

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from autotune.trial.progress import ProgressEvent
 from autotune.tuner.measurer import Measurer
 from autotune.tuner.reporting import Reporter
 
@@ -27,7 +28,7 @@ class SerialReporter:
     def __init__(self, inner: Reporter) -> None:
         self.inner, self._lock = inner, threading.Lock()
 
-    def trial_event(self, event: dict[str, Any]) -> None:
+    def trial_event(self, event: ProgressEvent) -> None:
         return None
 
     def __getattr__(self, name: str) -> Any:

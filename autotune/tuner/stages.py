@@ -90,7 +90,7 @@ def _values(knob: str, domain: Choices, current: Any) -> list[Any]:
     return [v for v in first + rest if v != current]
 
 
-def running_as(config: Config, applied: Mapping[str, Any]) -> dict[str, Any]:
+def running_as(config: Config, applied: Mapping[str, Any]) -> dict[str, str]:
     """What a config's ``default`` knobs ran as, read back in its trial (``applied``): the
     attention implementation the model chose (BERT picks sdpa by itself, so a trial of
     ``attention sdpa`` would measure the same code again)."""

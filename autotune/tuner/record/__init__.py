@@ -33,6 +33,7 @@ from autotune.tuner.record.read import (
     worker_of,
 )
 from autotune.tuner.record.write import (
+    DevicesHeld,
     Forecast,
     Outcome,
     Predicted,
@@ -53,7 +54,8 @@ from autotune.tuner.record.write import (
 )
 
 __all__ = [
-    "Forecast", "Outcome", "Pending", "Predicted", "Prediction", "Record", "StudyFacts",
+    "DevicesHeld", "Forecast", "Outcome", "Pending", "Predicted", "Prediction", "Record",
+    "StudyFacts",
     "TrialRecord", "Worker", "baseline_pending", "budget_cut_before", "is_baseline",
     "mark_claimed", "mark_config", "mark_forecast", "mark_interrupted", "mark_measuring",
     "mark_reused", "of_measurement", "of_no_room", "of_prediction", "queue_baseline",

@@ -298,7 +298,7 @@ def was_interrupted(trial: optuna.Trial) -> bool:
 class Worker:
     """Who runs a trial: the tuner process that claimed it, and its last sign of life."""
 
-    owner: dict[str, Any]
+    owner: dict[str, object]
     alive_at: float | None
 
 

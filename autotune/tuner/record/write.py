@@ -98,6 +98,15 @@ class Prediction:
     samples_per_step: int = 0
 
 
+class DevicesHeld(TypedDict, total=False):
+    """Which devices a trial held, and when (wall clock): the device lock's span."""
+
+    devices: list[str]
+    waited_s: float
+    start: float
+    end: float
+
+
 class Retry(TypedDict):
     """What a trial that was no result is queued again with: which trial it retries, whether it
     is the baseline, and whether the run's --timeout cut it short already (a second cut is a
@@ -123,7 +132,7 @@ class Record:
 
 
 def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
-                   devices: Mapping[str, Any] | None = None) -> Record:
+                   devices: DevicesHeld | None = None) -> Record:
     """The record of a trial that ran (or reused a twin's measurement)."""
     if m.ok:
         m = replace(m, stderr_tail="")  # keep the storage small; failures keep theirs
@@ -259,10 +268,10 @@ def mark_claimed(trial: optuna.Trial, worker: Mapping[str, Any], *, alive_at: fl
         trial.set_user_attr("retry_of", retry_of)
 
 
-def queue_baseline(study: optuna.Study, params: Mapping[str, Any]) -> None:
+def queue_baseline(study: optuna.Study, params: Mapping[str, object]) -> None:
     study.enqueue_trial(dict(params), user_attrs={"baseline": True})
 
 
-def queue_staged(study: optuna.Study, params: Mapping[str, Any], stage: str) -> None:
+def queue_staged(study: optuna.Study, params: Mapping[str, object], stage: str) -> None:
     """A config the staged search proposes next, with why (``TrialRecord.stage``)."""
     study.enqueue_trial(dict(params), user_attrs={"stage": stage})
