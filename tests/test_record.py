@@ -88,8 +88,10 @@ def test_a_prediction_is_pruned_and_infeasible_by_the_predicted_excess() -> None
     rec = record.of_prediction(Prediction(Predicted.OOM, "predicted 2.0 GiB", 1800.0), LIMIT)
     assert rec.state == TrialState.PRUNED and rec.constraint == 800.0
     assert rec.attrs["predicted"] is True and rec.attrs["status"] == "pruned"
-    assert rec.attrs["measurement"]["predicted_peak_memory_bytes"] == 1800
-    assert rec.attrs["measurement"]["windows"] == []
+    # Nothing was measured: the prediction is kept as the trial's forecast, not as figures of
+    # a measurement.
+    assert rec.attrs["forecast"]["peak_memory_bytes"] == 1800
+    assert rec.attrs["measurement"] == {"status": "pruned", "reason": "predicted 2.0 GiB"}
     unknown = record.of_prediction(Prediction(Predicted.OOM, "above an OOM", None), LIMIT)
     assert unknown.constraint == 1.0
-    assert unknown.attrs["measurement"]["predicted_peak_memory_bytes"] is None
+    assert unknown.attrs["forecast"]["peak_memory_bytes"] is None

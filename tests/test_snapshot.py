@@ -32,6 +32,7 @@ from autotune.tuner.snapshot import CONFIRMED, SEARCH, Speedup, StudySnapshot, b
 GIB = 2**30
 LIMIT = 10 * GIB
 
+SLOW = StepPrediction(40.0, 0.1, "fitted on trials 0, 1", True)
 
 def rec(number: int, micro: int, rate: float | None = None, *, status: str = "ok",
         peak: int = GIB, cv: float | None = 0.01, baseline: bool = False,
@@ -297,7 +298,14 @@ def test_read_trial_reads_what_autotune_0x_stored() -> None:
     assert ruled_out.predicted and ruled_out.predicted_kind == Predicted.OOM
     assert not ruled_out.ran and ruled_out.budget == {}
     assert ruled_out.forecast == Forecast(peak_memory_bytes=40 * GIB)
-    assert ruled_out.measurement.predicted_peak_memory_bytes == 40 * GIB
+    assert ruled_out.measurement.peak_memory_bytes == 0 and ruled_out.step_s is None
+    slow_0x = read_trial(frozen(3, {
+        "status": "timeout", "reason": "predicted-too-slow: ~38s a step", "predicted": True,
+        "predicted_kind": "too_slow", "config": Config(micro_batch_size=512).to_dict(),
+        "measurement": {"status": "timeout", "predicted_step_s": 38.3,
+                        "rough_samples_per_sec": 13.4}}, TrialState.PRUNED))
+    assert slow_0x is not None and slow_0x.predicted_kind == Predicted.TOO_SLOW
+    assert slow_0x.step_s == 38.3 and slow_0x.measurement.rough_samples_per_sec == 13.4
     # ... and what this version writes for each kind of ruling out reads back as that kind.
     for written, kind in ((record.of_prediction(
                                Prediction(Predicted.OOM, "predicted-oom", 3.0 * GIB), LIMIT),
@@ -306,15 +314,16 @@ def test_read_trial_reads_what_autotune_0x_stored() -> None:
                               Predicted.OVERSUBSCRIBED, "oversubscribed: 3 cores"), LIMIT),
                            Predicted.OVERSUBSCRIBED),
                           (record.of_prediction(Prediction(
-                              Predicted.TOO_SLOW, "predicted-too-slow", step_s=40.0,
+                              Predicted.TOO_SLOW, "predicted-too-slow", step=SLOW,
                               samples_per_step=64), LIMIT),
                            Predicted.TOO_SLOW)):
         r = read_trial(frozen(4, {**written.attrs, "config": config}, written.state))
         assert r is not None and r.predicted_kind == kind and not r.ran, kind
     slow_rec = record.of_prediction(Prediction(Predicted.TOO_SLOW, "predicted-too-slow",
-                                               step_s=40.0, samples_per_step=64), LIMIT)
+                                               step=SLOW, samples_per_step=64), LIMIT)
     slow = read_trial(frozen(4, {**slow_rec.attrs, "config": config}, TrialState.PRUNED))
     assert slow is not None and slow.step_s == 40.0  # predicted, as nothing was measured
+    assert slow.forecast.step == SLOW and slow.measurement.rough_samples_per_sec == 1.6
     oom_rec = record.of_prediction(Prediction(Predicted.OOM, "predicted-oom", 3.0 * GIB), LIMIT)
     oom = read_trial(frozen(4, {**oom_rec.attrs, "config": config}, TrialState.PRUNED))
     assert oom is not None and oom.forecast.peak_memory_bytes == 3 * GIB

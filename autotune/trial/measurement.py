@@ -165,9 +165,6 @@ class Measurement:
     # A trial of the user's script: its name, steps per rank, the Profile methods it called
     # (``steps.accessed``), and whether it left the sample count to the config.
     script: ScriptInfo = field(default_factory=ScriptInfo)
-    # A config ruled out without running: what the memory or step-time model predicted.
-    predicted_peak_memory_bytes: int | None = None
-    predicted_step_s: float | None = None
 
     def __post_init__(self) -> None:
         # Stored values come back as strings: typed once, here. An unknown one is malformed.

@@ -89,8 +89,7 @@ def _budget(f: Facts) -> Verdict:
     assert plan is not None, "a config that may run needs its measuring budget"
     if plan.too_slow:
         assert plan.prediction is not None
-        return _predicted(Prediction(Predicted.TOO_SLOW, plan.too_slow,
-                                     step_s=plan.prediction.step_s,
+        return _predicted(Prediction(Predicted.TOO_SLOW, plan.too_slow, step=plan.prediction,
                                      samples_per_step=f.config.samples_per_step), f.limit, plan)
     if plan.no_room:
         return Verdict(Kind.NO_ROOM, record.of_no_room(plan.no_room, f.limit), plan=plan)

@@ -120,8 +120,8 @@ class TrialRecord:
     @property
     def step_s(self) -> float | None:
         """Seconds per optimizer step it measured (or, ruled out, was predicted to take)."""
-        if self.measurement.predicted_step_s:
-            return float(self.measurement.predicted_step_s)
+        if self.predicted and self.forecast.step is not None:
+            return self.forecast.step.step_s
         rate = self.samples_per_sec
         return self.config.samples_per_step / rate if rate else None
 
@@ -208,8 +208,7 @@ def _parse(t: FrozenTrial, a: Mapping[str, Any]) -> TrialRecord:
     # Studies from before the step-time model stored no kind: the memory model's.
     predicted = Predicted(a.get("predicted_kind", Predicted.OOM)) if a.get("predicted") \
         else None
-    forecast = a.get("forecast") or ({"peak_memory_bytes": measured.get(
-        "predicted_peak_memory_bytes")} if predicted else {})
+    forecast = a.get("forecast") or (_old_prediction(measured) if predicted else {})
     return TrialRecord(
         number=t.number, state=t.state, config=Config.from_dict(a["config"]),
         status=Status(a["status"]), reason=a.get("reason"),
@@ -219,6 +218,15 @@ def _parse(t: FrozenTrial, a: Mapping[str, Any]) -> TrialRecord:
         forecast=Forecast.from_dict(forecast), overhead_share=a.get("overhead_share"),
         measure_settings=dict(a.get("measure_settings") or {}), budget=budget,
         params=dict(t.params), started=t.datetime_start, completed=t.datetime_complete)
+
+
+def _old_prediction(measured: Mapping[str, Any]) -> dict[str, object]:
+    """What a study written before predictions were kept as forecasts stored in the ruled-out
+    trial's measurement: the predicted peak, and the predicted step."""
+    step = measured.get("predicted_step_s")
+    return {"peak_memory_bytes": measured.get("predicted_peak_memory_bytes"),
+            "step": None if step is None else {"step_s": step, "error": 0.0,
+                                               "basis": "the step-time model", "fitted": False}}
 
 
 def read_trials(study: optuna.Study) -> list[TrialRecord]:

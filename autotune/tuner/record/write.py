@@ -89,12 +89,13 @@ class Forecast:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A config ruled out without running, and what the model that ruled it out predicted."""
+    """A config ruled out without running, and what the model that ruled it out predicted
+    (kept as the trial's forecast: nothing was measured)."""
 
     kind: Predicted
     reason: str
     peak_memory_bytes: float | None = None  # the memory model's
-    step_s: float | None = None  # the step-time model's
+    step: StepPrediction | None = None  # the step-time model's
     samples_per_step: int = 0
 
 
@@ -176,23 +177,20 @@ def of_prediction(p: Prediction, limit: int) -> Record:
     the sampler, like an OOM (its constraint is the predicted excess); the step-time model's is
     pruned like a measured too-slow trial, with the predicted rate as the sampler's hint (memory
     unknown: no constraint); a rule's says nothing of speed or memory."""
-    measured: dict[str, Any] = {"status": PREDICTED_STATUS[p.kind].value, "reason": p.reason,
-                                "peak_memory_bytes": 0, "windows": [], "wall_s": 0.0,
-                                "ranks": []}
+    status = PREDICTED_STATUS[p.kind].value
+    nothing: dict[str, object] = {"status": status, "reason": p.reason}  # nothing measured
     constraint: float | None = None
     hint: tuple[float, ...] = ()
+    peak = None if p.peak_memory_bytes is None else int(p.peak_memory_bytes)
     if p.kind == Predicted.OOM:
-        measured["predicted_peak_memory_bytes"] = None if p.peak_memory_bytes is None \
-            else int(p.peak_memory_bytes)
         constraint = max(1.0, (p.peak_memory_bytes or 0.0) - limit)
-    elif p.kind == Predicted.TOO_SLOW and p.step_s is not None:
-        rate = p.samples_per_step / p.step_s if p.step_s > 0 else 0.0
-        measured.update(predicted_step_s=round(p.step_s, 4),
-                        rough_samples_per_sec=round(rate, 6))
+    elif p.kind == Predicted.TOO_SLOW and p.step is not None:
+        rate = p.samples_per_step / p.step.step_s if p.step.step_s > 0 else 0.0
+        nothing["rough_samples_per_sec"] = round(rate, 6)  # the sampler's hint, as a timeout's
         hint = (rate,) if rate else ()
-    attrs = {"status": measured["status"], "reason": p.reason, "predicted": True,
-             "predicted_kind": p.kind.value, "measurement": measured,
-             "memory_limit_bytes": limit}
+    attrs = {"status": status, "reason": p.reason, "predicted": True,
+             "predicted_kind": p.kind.value, "measurement": nothing,
+             "forecast": Forecast(p.step, peak).to_dict(), "memory_limit_bytes": limit}
     return Record(attrs, TrialState.PRUNED, constraint=constraint, intermediate=hint)
 
 
