@@ -1,7 +1,8 @@
 """The measuring protocol's rules on crafted numbers: when warm-up ends, how many steps a window
-takes, when measuring stops, what is too slow, what the windows say. And that the built-in loop
-and a script's driver, given the same steps, decide alike (the loop on a fake clock: these tests
-check decisions, never measured speed)."""
+takes, when measuring stops, what is too slow, what the windows say. Its state machine
+(``Measuring``) fed step ends on a fake clock. And that the built-in loop and a script's driver,
+given the same steps, decide alike (the loop on a fake clock: these tests check decisions, never
+measured speed)."""
 
 from __future__ import annotations
 
@@ -19,28 +20,28 @@ from autotune.trial import protocol
 from autotune.trial.bench import loop
 from autotune.trial.driver import StepDriver
 from autotune.trial.protocol import (
-    BUDGET_SPENT,
     MAX_STEPS,
-    MAX_WINDOWS,
-    SETTLED,
     STABLE,
     TIME,
+    Measuring,
+    Next,
+    Stop,
     WarmUp,
     WindowStats,
     ends_too_late,
     measuring_seconds,
-    past_allowance,
     steps_per_window,
+    stop_reason,
     too_slow,
     warmup_ended,
     window_counts,
-    window_ends_too_late,
     windows_done,
 )
 from autotune.trial.result import Window
 from autotune.trial.spec import MeasureSettings
 
 S = MeasureSettings()  # the defaults: warm-up 2 to 8 steps within 15%, 1 s windows, 60 s budget
+SETTLED, MAX_WINDOWS, BUDGET_SPENT = Stop.SETTLED, Stop.MAX_WINDOWS, Stop.BUDGET_SPENT
 
 
 # -- warm-up --------------------------------------------------------------------------------------
@@ -106,11 +107,6 @@ def test_a_first_step_still_running_is_judged_from_its_micro_steps() -> None:
     # No step done: all of warm-up's minimum and a window are still to come.
     assert not too_slow(10.0, 0, 5.0, replace(S, max_seconds=20.0))  # 5 + 30 <= 40
     assert too_slow(10.0, 0, 15.0, replace(S, max_seconds=20.0))  # 15 + 30 > 40
-
-
-def test_past_the_longest_allowance_a_stuck_step_is_given_up_on() -> None:
-    assert not past_allowance(2 * S.max_seconds, S)
-    assert past_allowance(2 * S.max_seconds + 0.1, S)
 
 
 # -- windows --------------------------------------------------------------------------------------
@@ -267,14 +263,12 @@ def _loop(steps: list[float], settings: MeasureSettings, monkeypatch: pytest.Mon
     """The bench's loop over ``steps``, its trial timeout ``ends_after`` seconds after
     warm-up starts."""
     clock = _Clock()
-    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(loop, "time", clock)  # the loop times its steps on it too
     trainer: Any = _Trainer(clock, steps)
-    ends_by = clock.now + ends_after
-    warm = loop.warm_up(trainer, settings, _Progress(), ends_by)  # type: ignore[arg-type]
-    windows: list[Window] = []
-    per = loop.measure_windows(trainer, settings, _Progress(), warm,  # type: ignore[arg-type]
-                               windows, ends_by)
-    return warm, per, windows
+    m = Measuring(settings, clock.now + ends_after, clock.time, trainer.ranks.agree)
+    warm = loop.warm_up(trainer, m, _Progress())  # type: ignore[arg-type]
+    per = loop.measure_windows(trainer, m, _Progress())  # type: ignore[arg-type]
+    return warm, per, m.windows
 
 
 def _driver(tmp_path: Path, steps: list[float], settings: MeasureSettings,
@@ -353,10 +347,6 @@ def test_a_trial_stops_itself_when_it_cannot_be_measured_before_its_timeout() ->
     assert not ends_too_late(55.0, 0, 1.0, S) and not ends_too_late(55.0, 3, math.inf, S)
 
 
-def test_no_window_is_started_that_would_not_end_before_the_timeout() -> None:
-    assert window_ends_too_late(43.0, 45.0) and not window_ends_too_late(43.0, 47.0)
-
-
 def test_the_loop_stops_before_its_timeout_rather_than_be_killed_by_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     long = replace(S, max_seconds=144.0)
@@ -386,3 +376,187 @@ def test_the_driver_gives_up_on_a_script_that_cannot_be_measured_before_its_time
     assert "would not end before the trial timeout (120s)" in result["reason"]
     assert result["ended_by"] == "trial_timeout"
     assert not _driver(tmp_path / "more", [40.0, 40.0], long, timeout_s=200.0).done
+
+
+# -- the state machine, fed step ends on a fake clock ---------------------------------------------
+
+def _fed(m: Measuring, clock: _Clock, steps: list[float], **waits: float) -> list[Next]:
+    """Warm-up steps of these seconds, one after another on ``clock``; what each answered."""
+    answers = []
+    for seconds in steps:
+        clock.now += seconds
+        answers.append(m.warmup_step(seconds, **waits).next)
+    return answers
+
+
+def test_warm_up_then_windows_until_enough_of_them_agree() -> None:
+    clock = _Clock(0.0)
+    m = Measuring(S, clock=clock.time)
+    m.start()
+    assert _fed(m, clock, [0.5, 0.3, 0.3]) == [Next.STEP, Next.STEP, Next.WARMED_UP]
+    assert (m.warm.ended_by, m.per_window, m.shared) == (STABLE, 4, False)  # 4 x 0.3 s >= 1 s
+    assert m.first_window(32) is None and m.next_window() == (3, 7)
+    answers = []
+    for seconds in [1.2, 1.21, 1.19]:
+        clock.now += seconds
+        answers.append(m.window(seconds, 32, data_wait_s=0.1))
+    assert [a.next for a in answers] == [Next.WINDOW, Next.WINDOW, Next.STOP]
+    assert answers[-1].why is Stop.SETTLED  # three windows within 3%
+    assert answers[0].rate == pytest.approx(32 / 1.2)
+    assert m.windows[0] == {"steps": 4, "seconds": 1.2, "samples": 32, "data_wait_s": 0.1}
+    assert m.next_window() == (15, 19)
+
+
+def test_measuring_stops_at_the_window_cap_and_on_the_budget() -> None:
+    clock = _Clock(0.0)
+    m = Measuring(replace(S, max_windows=4), clock=clock.time)
+    m.start()
+    _fed(m, clock, [0.5, 0.3, 0.3])
+    answers = []
+    for seconds in [1.2, 1.8, 1.2, 1.8]:  # never within 3% of each other
+        clock.now += seconds
+        answers.append(m.window(seconds, 32))
+    assert [a.why for a in answers] == [None, None, None, Stop.MAX_WINDOWS]
+    m = Measuring(replace(S, max_seconds=5.0), clock=clock.time)
+    m.start()
+    _fed(m, clock, [0.5, 0.3, 0.3])
+    clock.now += 3.0  # 4.1 s in: another 3 s window would end past the 5 s budget
+    assert m.window(3.0, 32).why is Stop.BUDGET_SPENT
+
+
+def test_where_a_step_fills_a_window_warm_ups_last_step_is_the_first() -> None:
+    clock = _Clock(0.0)
+    m = Measuring(S, clock=clock.time)
+    m.start()
+    assert _fed(m, clock, [8.0, 5.0, 5.1], data_wait_s=0.2)[-1] is Next.WARMED_UP
+    assert (m.per_window, m.shared) == (1, True)
+    first = m.first_window(8)
+    assert first is not None and first.next is Next.WINDOW  # two windows give the spread
+    assert m.windows == [{"steps": 1, "seconds": 5.1, "samples": 8, "data_wait_s": 0.2,
+                          "from_warmup": True}]
+    assert m.first_window(8) is None  # once
+    assert m.next_window() == (3, 4)  # the step after warm-up's last
+    clock.now += 5.05
+    assert m.window(5.05, 8).why is Stop.SETTLED
+
+
+def test_a_step_too_slow_for_the_budget_stops_warm_up_with_the_rule_it_breaks() -> None:
+    clock, tight = _Clock(0.0), replace(S, max_seconds=40.0)
+    m = Measuring(tight, clock=clock.time)
+    m.start()
+    clock.now = 30.0  # another step and a one-step window end at 90 s, past twice 40 s
+    answer = m.warmup_step(30.0)
+    assert (answer.next, answer.why, answer.seconds) == (Next.STOP, Stop.TOO_SLOW, 30.0)
+    assert stop_reason(answer, tight) == ("one optimizer step takes ~30.0s; warm-up and a "
+                                          "window do not fit the 40s measuring budget")
+    assert stop_reason(answer, tight, " of train.py").startswith(
+        "one optimizer step of train.py takes ~30.0s;")
+    # A budget that holds them goes on; so do the steps of a script that exited (all it ran).
+    roomy = Measuring(replace(S, max_seconds=46.0), clock=clock.time)
+    roomy.start(0.0)
+    assert roomy.warmup_step(30.0).next is Next.STEP
+    done = Measuring(tight, clock=clock.time, more_to_come=False)
+    done.start(0.0)
+    assert done.warmup_step(30.0).next is Next.STEP
+
+
+def test_the_first_step_is_judged_from_its_micro_steps_while_it_runs() -> None:
+    clock = _Clock(0.0)
+    m = Measuring(replace(S, max_seconds=20.0), clock=clock.time)
+    m.start()
+    clock.now = 4.0  # micro-step 0 carries the start-up: with 4, it is not the estimate
+    assert m.first_step_so_far(1, 4).next is Next.STEP
+    clock.now = 5.0  # 1 s a micro-step: 4 s steps, 5 + 3 x 4 s <= 40 s
+    assert m.first_step_so_far(2, 4).next is Next.STEP
+    clock.now = 15.0  # 5.5 s a micro-step after the first: 22 s steps, 15 + 66 s > 40 s
+    answer = m.first_step_so_far(3, 4)
+    assert (answer.why, answer.seconds) == (Stop.TOO_SLOW, pytest.approx(22.0))
+
+
+def test_warm_up_that_would_not_end_before_the_timeout_stops_as_the_timeout_would() -> None:
+    clock, long = _Clock(0.0), replace(S, max_seconds=144.0)
+    m = Measuring(long, ends_by=155.0, clock=clock.time)
+    m.start()
+    # 65 s (one-time costs included), then 50 s: warm-up ends on time, and its window would
+    # end past the timeout. Warm-up's record is kept as it ended.
+    assert _fed(m, clock, [65.0]) == [Next.STEP]
+    clock.now += 50.0
+    answer = m.warmup_step(50.0)
+    assert (answer.why, answer.seconds, m.warm.ended_by) == (Stop.TOO_LATE, 50.0, TIME)
+    assert stop_reason(answer, long, timeout=" (180s)") == (
+        "one optimizer step takes ~50.0s; warm-up and a window would not end before the "
+        "trial timeout (180s)")
+
+
+def test_a_window_that_would_not_end_before_the_timeout_is_not_started() -> None:
+    clock = _Clock(0.0)
+    m = Measuring(replace(S, max_seconds=1000.0), ends_by=40.0, clock=clock.time)
+    m.start()
+    assert _fed(m, clock, [10.0, 8.0, 8.0])[-1] is Next.WARMED_UP
+    first = m.first_window(8)
+    assert first is not None and first.next is Next.WINDOW  # 14 s left: 8 s and the margin fit
+    clock.now += 9.5  # they disagree, but 4.5 s are left: no room for a third
+    assert m.window(9.5, 8).why is Stop.BUDGET_SPENT
+    # A script that exited ran what it ran: its windows are taken as they come.
+    m = Measuring(replace(S, max_seconds=1000.0), ends_by=40.0, clock=clock.time)
+    m.start(0.0)
+    clock.now = 0.0
+    _fed(m, clock, [10.0, 8.0, 8.0])
+    m.more_to_come = False
+    m.first_window(8)
+    clock.now += 9.5
+    assert m.window(9.5, 8).next is Next.WINDOW
+
+
+def test_a_driver_waiting_on_a_step_gives_up_before_the_timeout_or_past_twice_the_budget() -> None:
+    clock = _Clock(0.0)
+    m = Measuring(S, ends_by=30.0, clock=clock.time)
+    m.start()
+    _fed(m, clock, [0.5, 0.3, 0.3])  # windows of 4 steps from here
+    # Steps inside the first window: after the one at 20 s there is room for another.
+    assert m.waited(last=20.0, now=20.1).next is Next.STEP
+    answer = m.waited(last=26.8, now=26.9)  # 3.2 s left: not a 0.3 s step and the margin
+    assert (answer.why, answer.seconds) == (Stop.TOO_LATE, 0.3)
+    # Without a timeout: a step that has not ended by twice the budget, the longest a trial
+    # measures, is given up on (with the windows so far, where there are any).
+    m = Measuring(S, clock=clock.time)
+    m.start(0.0)
+    clock.now = 1.0
+    m.warmup_step(1.0)
+    assert m.waited(last=1.0, now=2 * S.max_seconds).next is Next.STEP
+    answer = m.waited(last=1.0, now=2 * S.max_seconds + 0.1)
+    assert (answer.next, answer.why, answer.seconds) == (Next.STOP, Stop.STUCK, 1.0)
+    clock.now = 121.0
+    assert m.waited(last=1.0).why is Stop.STUCK  # now: the clock's
+    m.more_to_come = False  # a script that exited is waited on no longer
+    assert m.waited(last=1.0).next is Next.STEP
+
+
+def test_every_rank_decides_on_the_slowest_rank_s_numbers_and_keeps_its_own() -> None:
+    clock = _Clock(0.0)
+
+    def slower_peer(*values: float) -> list[float]:  # a peer 0.5 s behind in everything
+        return [v + 0.5 for v in values]
+
+    m = Measuring(S, clock=clock.time, agree=slower_peer, ranks=2)
+    m.start()
+    assert _fed(m, clock, [1.0, 1.0, 1.0], data_wait_s=0.1)[-1] is Next.WARMED_UP
+    assert m.warm.step_times == [1.5, 1.5, 1.5]  # the slowest rank's
+    assert m.warm.last == {"seconds": 1.0, "data_wait_s": 0.1}  # this rank's own
+    first = m.first_window(8)
+    assert first is not None and first.seconds == 1.5
+    assert first.rate == pytest.approx(2 * 8 / 1.5)  # both ranks' samples at the slowest pace
+    assert m.windows[0]["seconds"] == 1.0 and m.windows[0]["samples"] == 8
+
+
+def test_the_loop_and_the_driver_stop_alike_before_the_timeout_with_their_windows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Steady steps that disagree would take a third window; 40 s after warm-up started, the
+    # second window's end leaves no room for one. (The driver's trial started 5 s before
+    # step 1 ended: its 45 s timeout ends 40 s after warm-up started.)
+    steps, long = [10.0, 8.0, 8.0, 9.5, 8.0, 8.0], replace(S, max_seconds=1000.0)
+    assert len(_loop(steps, long, monkeypatch, 40.0)[2]) == 2
+    d = _driver(tmp_path, steps, long, timeout_s=45.0)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (d.done, result["status"], len(result["windows"])) == (True, "ok", 2)
+    assert len(_driver(tmp_path / "more", steps, long).windows) == 3

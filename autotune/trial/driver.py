@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.steps import STOP_FILE, steps_file
-from autotune.trial import progress, protocol
+from autotune.trial import progress
 from autotune.trial.measurement import TRIAL_TIMEOUT
-from autotune.trial.protocol import WarmUp, WindowStats
+from autotune.trial.protocol import Answer, Measuring, Stop, WarmUp, WindowStats, stop_reason
 from autotune.trial.reach import Reach
 from autotune.trial.reports import MIN_STEP_S, RankReports, slowest_span, trial_end
 from autotune.trial.result import RESULT_SCHEMA, TrialResultDoc, Window
@@ -56,12 +56,7 @@ class StepDriver:
     device: str = "cpu"
     started: float = field(default_factory=time.time)
     ranks: list[RankReports] = field(default_factory=list)
-    # Step 1 carries the script's start-up, and its start is not reported: warm-up times steps
-    # 2, 3, ..., and starts (the measuring budget counts from there) when step 1 ends.
-    warmup: WarmUp = field(default_factory=WarmUp)
-    warm_end: int = 0  # the step warm-up ended with
-    per_window: int = 0
-    windows: list[Window] = field(default_factory=list)
+    warm_end: int = 0  # the step warm-up ended with (the one before, where it is a window)
     done: bool = False  # a result is written
     stop_at: int = 0  # the step every rank was asked to stop after
     stop_deadline: float | None = None  # time.monotonic() by which the script should have ended
@@ -82,6 +77,21 @@ class StepDriver:
         self.ranks = [RankReports(Path(steps_file(str(self.folder), r)), r)
                       for r in range(self.world)]
         self.reach = Reach(self.folder)
+        # The protocol, fed with each step as it ended on the slowest rank, on the wall clock
+        # of the step reports; the trial's hard end is its timeout from its start.
+        self.measuring = Measuring(self.settings, self.started + self.timeout_s)
+
+    @property
+    def warmup(self) -> WarmUp:
+        return self.measuring.warm
+
+    @property
+    def windows(self) -> list[Window]:
+        return self.measuring.windows
+
+    @property
+    def per_window(self) -> int:
+        return self.measuring.per_window
 
     def look(self, processes: Mapping[int, float]) -> None:
         """Check the trial's processes (pid -> start time) against the bootstrap's marks: a
@@ -111,21 +121,20 @@ class StepDriver:
         since = self.started - 1.0
         for rank in self.ranks:
             rank.read(since)
-        if self.done:
-            return
-        if self._untrusted():
+        if self.done or self._untrusted():
             return
         steps = min(len(r.ends) for r in self.ranks)
         if steps == 0:
             if running:
                 self._check_progress()
             return
-        if self.warmup.ended_by is None:
-            self._warm_up(steps)
-        if self.warmup.ended_by is not None and not self.done:
-            self._measure(steps)
+        # A script that exited reported all it ran: no stop spares a wait for more steps (too
+        # slow, too late, stuck); its steps are measured as they are.
+        self.measuring.more_to_come = running
+        self._follow(steps)
         if not self.done and running:
-            self._check_too_slow()
+            now = time.time()
+            self._decide(self.measuring.waited(self._ends(steps), now), steps, now)
 
     def _untrusted(self) -> bool:
         """End the trial on a report that cannot be trusted, or on a loss that was not finite,
@@ -210,53 +219,66 @@ class StepDriver:
         """When the slowest rank ended ``step`` (1-based)."""
         return trial_end(self.ranks, step)
 
-    def _warm_up(self, steps: int) -> None:
-        """Time warm-up's steps from those reported, until the protocol ends it."""
-        warm, s = self.warmup, self.settings
-        warm.started = self._ends(1)
-        while warm.ended_by is None and len(warm.step_times) + 2 <= steps:
-            step = len(warm.step_times) + 2
-            seconds, _ = slowest_span(self.ranks, step - 1, step)
-            if seconds < MIN_STEP_S:
-                self._finish("error", too_short(self.name, step - 1, step, seconds),
-                             give_up=True)
-                return
-            warm.step_times.append(seconds)
-            self._emit("warmup_step", seconds=seconds)
-            warm.ended_by = protocol.warmup_ended(warm.step_times,
-                                                  self._ends(step) - warm.started, s)
-            if warm.ended_by is not None:
-                self.per_window = protocol.steps_per_window(seconds, s)
-                # Warm-up's last, steady step is the first window where one step fills it.
-                self.warm_end = step - 1 if protocol.first_window_from_warmup(warm, s) \
-                    else step
-
-    def _measure(self, steps: int) -> None:
-        """Time the windows the reported steps complete, until the protocol stops them."""
+    def _follow(self, steps: int) -> None:
+        """Feed the protocol the steps reported since the last look, as the slowest rank ended
+        them: warm-up's one by one, then each window whose steps all ended, until it stops.
+        Step 1 carries the script's start-up, and its start is not reported: warm-up times
+        steps 2, 3, ..., and starts (the measuring budget counts from there) when step 1 ends."""
+        m = self.measuring
+        if not m.warm.step_times:
+            m.start(self._ends(1))
         while not self.done:
-            a = self.warm_end + len(self.windows) * self.per_window
-            b = a + self.per_window
+            warming, n = m.warm.ended_by is None, len(m.warm.step_times)
+            edges = (n, n + 1) if warming else m.next_window()  # counted from step 1's end
+            a, b = edges[0] + 1, edges[1] + 1
             if b > steps:
                 return
             seconds, slowest = slowest_span(self.ranks, a, b)
-            if seconds < MIN_STEP_S * self.per_window:
+            if seconds < MIN_STEP_S * (b - a):
                 self._finish("error", too_short(self.name, a, b, seconds), give_up=True)
                 return
-            samples = sum(sum(r.samples[a:b]) for r in self.ranks)
-            window: Window = {"steps": self.per_window, "seconds": seconds, "samples": samples,
-                              "slowest_rank": slowest}
-            waits = self.ranks[slowest].waits[a:b]
-            if all(w is not None for w in waits):
-                window["data_wait_s"] = sum(w for w in waits if w is not None)
-            self.windows.append(window)
-            rates = WindowStats(self.windows).rates
-            self._emit("window", index=len(self.windows) - 1, samples=samples, seconds=seconds,
-                       samples_per_sec=rates[-1],
-                       **({"data_wait_s": window["data_wait_s"]}
-                          if "data_wait_s" in window else {}))
-            if protocol.windows_done(rates, self._ends(b) - self.warmup.started, seconds,
-                                     self.settings, self.per_window):
-                self._finish("ok", None)
+            if warming:
+                answer = m.warmup_step(seconds, self._ends(b))
+                self._emit("warmup_step", seconds=seconds)
+                if m.warm.ended_by is not None:
+                    self.warm_end = m.next_window()[0] + 1
+            else:
+                answer = self._window(a, b, seconds, slowest)
+            self._decide(answer, b)
+
+    def _window(self, a: int, b: int, seconds: float, slowest: int) -> Answer:
+        """Steps ``a + 1`` to ``b``, ``seconds`` long on rank ``slowest``, as a window: all
+        ranks' samples, and the slowest rank's data waits where it reported every one."""
+        samples = sum(sum(r.samples[a:b]) for r in self.ranks)
+        waits = self.ranks[slowest].waits[a:b]
+        wait = {"data_wait_s": sum(w for w in waits if w is not None)} \
+            if all(w is not None for w in waits) else {}
+        answer = self.measuring.window(seconds, samples, self._ends(b), slowest_rank=slowest,
+                                       **wait)
+        self._emit("window", index=len(self.windows) - 1, samples=samples, seconds=seconds,
+                   samples_per_sec=answer.rate, **wait)
+        return answer
+
+    def _decide(self, answer: Answer, steps: int, now: float = 0.0) -> None:
+        """End the trial where the protocol stopped after step ``steps`` (at ``now``): with
+        windows, they are the result; without, the config is too slow to measure."""
+        if not answer.stop:
+            return
+        if self.windows:
+            self._finish("ok", None)
+        elif answer.why is Stop.STUCK:
+            # The bench's trial timeout would end such a step, but here it is seen.
+            before = f" (steps took ~{answer.seconds:.3g}s before)" \
+                if self.warmup.step_times else ""
+            self._finish("timeout", f"step {steps + 1} of {self.name} had not ended "
+                         f"{now - self._ends(steps):.0f}s after step {steps}{before}; warm-up "
+                         f"and a window do not fit the {self.settings.max_seconds:.0f}s "
+                         "measuring budget", give_up=True)
+        else:
+            late = answer.why is Stop.TOO_LATE
+            self._finish("timeout", stop_reason(answer, self.settings, f" of {self.name}",
+                                                f" ({self.timeout_s:.0f}s)"),
+                         give_up=True, ended_by=TRIAL_TIMEOUT if late else None)
 
     def _check_progress(self) -> None:
         """No step from some rank by ``no_progress_s`` after the start: the script does not
@@ -269,42 +291,6 @@ class StepDriver:
             f"rank(s) {', '.join(map(str, silent))} of {self.name}"
         self._finish("error", f"no progress from {who} in {self.no_progress_s:.0f} s: "
                      f"{how_to_report(self.ranks, self.reach.reached)}", give_up=True)
-
-    def _check_too_slow(self) -> None:
-        """Warm-up and one window cannot fit the measuring budget (``protocol.too_slow``,
-        judged as the bench judges it while warm-up is below its minimum), or, on the wall
-        clock, a step has not ended by the longest a trial measures
-        (``protocol.past_allowance``): the bench's trial timeout would end such a step, but
-        here it is seen; or warm-up and a window would not end before the trial timeout
-        (``protocol.ends_too_late``). Past that with windows measured, they are the
-        result."""
-        s, warm = self.settings, self.warmup
-        first, now = self._ends(1), time.time()
-        if self.windows:
-            if protocol.past_allowance(now - first, s):
-                self._finish("ok", None)
-            return
-        steps = min(len(r.ends) for r in self.ranks)
-        last = self._ends(steps)
-        done = len(warm.step_times)
-        if warm.ended_by is None and 0 < done < s.warmup_min_steps and \
-                protocol.too_slow(warm.step_times[-1], done, last - first, s):
-            self._finish("timeout", f"one optimizer step of {self.name} takes "
-                         f"~{warm.step_times[-1]:.1f}s; warm-up and a window do not fit the "
-                         f"{s.max_seconds:.0f}s measuring budget", give_up=True)
-        elif done and protocol.ends_too_late(warm.step_times[-1], done,
-                                             self.started + self.timeout_s - last, s,
-                                             warm.ended_by is not None):
-            self._finish("timeout", f"one optimizer step of {self.name} takes "
-                         f"~{warm.step_times[-1]:.1f}s; warm-up and a window would not end "
-                         f"before the trial timeout ({self.timeout_s:.0f}s)", give_up=True,
-                         ended_by=TRIAL_TIMEOUT)
-        elif protocol.past_allowance(now - first, s):
-            before = f" (steps took ~{warm.step_times[-1]:.3g}s before)" \
-                if warm.step_times else ""
-            self._finish("timeout", f"step {steps + 1} of {self.name} had not ended "
-                         f"{now - last:.0f}s after step {steps}{before}; warm-up and a window "
-                         f"do not fit the {s.max_seconds:.0f}s measuring budget", give_up=True)
 
     # -- the result -----------------------------------------------------------------------------
 

@@ -1,21 +1,22 @@
 """The measuring protocol, once: when warm-up ends, how many steps a window takes, when
 measuring stops, when a config is too slow to measure at all, and what the timed windows say.
 
-Pure rules over numbers the caller measured with its own clock. The built-in workloads' loop
-(``trial.bench.loop``) times steps inside the trial process; a script's driver
-(``trial.driver``) reads them from the script's step reports; the tuner's budget
-(``tuner.budget``) sizes a trial's measuring time by the same rules before it runs. The
-statistics of the windows (rates, median, spread, where the time went) are derived here only,
-from the raw window times, as ``torch.utils.benchmark``'s ``Measurement`` derives its median and
-IQR from the raw times it keeps.
+Pure rules, composed once by a state machine (``Measuring``) that whoever times the steps
+feeds: the built-in loop (``trial.bench.loop``), a script's driver (``trial.driver``). The
+tuner's budget (``tuner.budget``) sizes a trial's measuring time by the same rules. The windows'
+statistics (rates, median, spread, where the time went) are derived here only, from the raw
+window times, as ``torch.utils.benchmark``'s ``Measurement`` derives its median and IQR.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import cast
 
 from autotune.trial.result import WarmUpInfo, Window
 from autotune.trial.spec import MeasureSettings
@@ -46,8 +47,17 @@ _MIN_STEP_S = 1e-6
 
 # Why warm-up ended (``WarmUpInfo.ended_by``).
 STABLE, TIME, MAX_STEPS = "stable", "time", "max_steps"
-# Why measuring stopped.
-SETTLED, MAX_WINDOWS, BUDGET_SPENT = "settled", "max_windows", "budget"
+
+
+class Stop(StrEnum):
+    """Why measuring stopped (``Answer.why``)."""
+
+    SETTLED = "settled"  # the fewest windows agree within ``target_cv``
+    MAX_WINDOWS = "max_windows"
+    BUDGET_SPENT = "budget"  # another window would end past the budget or the trial timeout
+    TOO_SLOW = "too_slow"  # warm-up and a window do not fit the measuring budget
+    TOO_LATE = "too_late"  # warm-up and a window would not end before the trial timeout
+    STUCK = "stuck"  # a step had not ended by the longest a trial measures
 
 
 @dataclass
@@ -93,9 +103,8 @@ def first_window_from_warmup(warm: WarmUp, settings: MeasureSettings) -> bool:
     ``SHARED_STEP_TOLERANCE`` (so the last is a steady step, timed whole, data loading
     included, synchronised at both edges, as a window is), and one step fills a window. Where
     steps take seconds this saves a whole step per trial; elsewhere windows are sized from
-    warm-up's last step and start after it. (A BERT trial here ended warm-up on steps 1 and 2,
-    8.97 s and 7.93 s, within 15%; its steady steps took 6.7 s: a second step is no steady
-    one.)"""
+    warm-up's last step and start after it. (A second step is no steady one: see
+    ``warmup_ended``.)"""
     times = warm.step_times
     if warm.ended_by != STABLE or len(times) < 3:
         return False
@@ -133,20 +142,6 @@ def ends_too_late(step_s: float, steps_done: int, left_s: float, settings: Measu
     return still * steady + END_MARGIN_S > left_s
 
 
-def window_ends_too_late(last_s: float, left_s: float) -> bool:
-    """Whether another window like the last (``last_s`` long) would not end, the result
-    written, before the trial's timeout (``left_s`` seconds away): measuring stops with the
-    windows it has."""
-    return last_s + END_MARGIN_S > left_s
-
-
-def past_allowance(elapsed: float, settings: MeasureSettings) -> bool:
-    """Whether ``elapsed`` seconds since warm-up started are past the longest a trial may
-    measure (``FIRST_STEP_ALLOWANCE`` times the budget): for a caller that can see a step that
-    never ends (a script's driver), where it stops waiting."""
-    return elapsed > FIRST_STEP_ALLOWANCE * settings.max_seconds
-
-
 def steps_per_window(step_s: float, settings: MeasureSettings) -> int:
     """Whole optimizer steps per window, so a window lasts ``min_window_s`` at steps of
     ``step_s`` (warm-up's last): at least one."""
@@ -166,7 +161,7 @@ def window_counts(per_window: int, settings: MeasureSettings) -> tuple[int, int]
 
 
 def windows_done(rates: Sequence[float], elapsed: float, last_s: float,
-                 settings: MeasureSettings, per_window: int = 0) -> str | None:
+                 settings: MeasureSettings, per_window: int = 0) -> Stop | None:
     """Why measuring stops after windows of these ``rates`` (the last ``last_s`` seconds long,
     ``elapsed`` since warm-up started, ``per_window`` steps each; 0: not known), or None to
     time another: the fewest windows (``window_counts``) agree within ``target_cv``
@@ -174,10 +169,10 @@ def windows_done(rates: Sequence[float], elapsed: float, last_s: float,
     the budget, warm-up included (``BUDGET_SPENT``; never before the first window)."""
     least, most = window_counts(per_window, settings)
     if len(rates) >= least and median_and_cv(rates)[1] <= settings.target_cv:
-        return SETTLED
+        return Stop.SETTLED
     if len(rates) >= most:
-        return MAX_WINDOWS
-    return BUDGET_SPENT if elapsed + last_s > settings.max_seconds else None
+        return Stop.MAX_WINDOWS
+    return Stop.BUDGET_SPENT if elapsed + last_s > settings.max_seconds else None
 
 
 def measuring_seconds(step_s: float, settings: MeasureSettings,
@@ -255,3 +250,150 @@ class WindowStats:
             shares["comm_wait"] = sum(w.get("comm_wait_s", 0.0) for w in windows) / total
         shares["compute"] = max(0.0, 1.0 - sum(shares.values()))
         return shares
+
+
+# -- the protocol, fed with step ends -------------------------------------------------------------
+
+
+class Next(StrEnum):
+    """What the caller does after a step end it fed the protocol."""
+
+    STEP = "step"  # time (or wait for) another step
+    WARMED_UP = "warmed_up"  # warm-up ended: windows of ``per_window`` steps follow
+    WINDOW = "window"  # a window closed: time the next
+    STOP = "stop"  # measuring is over, for ``Answer.why``
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What comes next, why it stops, and what ended (``seconds``) as every rank agrees (the
+    slowest rank's); a window's rate is ``WindowStats``', over all ranks' samples."""
+
+    next: Next
+    why: Stop | None = None
+    seconds: float = 0.0
+    rate: float = 0.0
+
+    @property
+    def stop(self) -> bool:
+        return self.next is Next.STOP
+
+
+@dataclass
+class Measuring:
+    """Warm-up, windows, a stop: fed each step end (warm-up's, then each window's) by whoever
+    times the steps, on its ``clock`` (tests pass a fake one), against the trial's hard end on
+    it (``ends_by``); it keeps the windows fed, for the result, and answers what comes next."""
+
+    settings: MeasureSettings
+    ends_by: float = math.inf
+    clock: Callable[[], float] = time.time
+    # Each value's maximum over the ranks (``Ranks.agree``): each rank of a built-in trial feeds
+    # its own steps, all decide alike (none leaves a collective its peers wait in), and its
+    # samples count ``ranks`` times. A script's driver feeds all ranks' steps at once.
+    agree: Callable[..., Sequence[float]] = lambda *values: values
+    ranks: int = 1
+    # Cleared for what a script that exited reported: the stops that spare waiting for its
+    # steps (too slow, too late, stuck) have nothing left to spare.
+    more_to_come: bool = True
+    windows: list[Window] = field(default_factory=list)
+    warm: WarmUp = field(default_factory=WarmUp)
+    per_window: int = 0
+    shared: bool = False  # warm-up's last step is the first window (first_window_from_warmup)
+    _decided: list[Window] = field(default_factory=list, init=False)  # as the ranks agree
+    _micro0_s: float = field(default=0.0, init=False)
+
+    def start(self, at: float | None = None) -> None:
+        """Warm-up starts, ``at`` (default: now): the budget counts from here."""
+        self.warm.started = self.clock() if at is None else at
+
+    def first_step_so_far(self, micro: int, accum: int) -> Answer:
+        """The first step runs, ``micro`` of ``accum`` micro-steps done (the built-in loop sees
+        them): too slow already? Micro-step 0 carries the start-up costs: with 3+, the estimate
+        uses the later ones (or a long accumulation multiplies those costs by its count)."""
+        (elapsed,) = self.agree(self.clock() - self.warm.started)
+        if micro == 1:
+            self._micro0_s = elapsed
+            if accum > 2:
+                return Answer(Next.STEP)
+            step_s = elapsed * accum
+        else:
+            step_s = (elapsed - self._micro0_s) / (micro - 1) * accum
+        return self._judged(Answer(Next.STEP, seconds=step_s), 0, elapsed, math.inf)
+
+    def warmup_step(self, seconds: float, at: float | None = None, **waits: float) -> Answer:
+        """Warm-up's next step ended, ``at`` (default: now), ``seconds`` long as this caller
+        timed it, with its ``waits`` (the first window's, where it is one)."""
+        now = self.clock() if at is None else at
+        warm, s = self.warm, self.settings
+        step_s, elapsed, late = self.agree(seconds, now - warm.started, now - self.ends_by)
+        warm.last = {"seconds": seconds, **waits}
+        warm.step_times.append(step_s)
+        warm.ended_by = warmup_ended(warm.step_times, elapsed, s)
+        if warm.ended_by is not None:  # decided even where it stops here: its record says so
+            self.per_window = steps_per_window(step_s, s)
+            self.shared = first_window_from_warmup(warm, s)
+        answer = Answer(Next.STEP if warm.ended_by is None else Next.WARMED_UP, seconds=step_s)
+        return self._judged(answer, len(warm.step_times), elapsed, -late)
+
+    def first_window(self, samples: int) -> Answer | None:
+        """Warm-up's last step as the first window, where it is one (``samples``: its own)."""
+        last = dict(self.warm.last)
+        return self.window(last.pop("seconds"), samples, from_warmup=True, **last) \
+            if self.shared and not self.windows else None
+
+    def window(self, seconds: float, samples: int, at: float | None = None,
+               **measured: float) -> Answer:
+        """The next window ended, ``at`` (default: now), as this caller counted it (with what
+        else it ``measured``: waits, its slowest rank): stop by ``windows_done``, or where
+        another like it would not end (the result written) before the trial's timeout."""
+        now = self.clock() if at is None else at
+        slowest, elapsed, late = self.agree(seconds, now - self.warm.started, now - self.ends_by)
+        steps = self.per_window  # 1 where the first window is warm-up's last step
+        self.windows.append(cast(Window, {"steps": steps, "seconds": seconds, "samples": samples,
+                                          **measured}))
+        self._decided.append({"steps": steps, "seconds": slowest, "samples": samples * self.ranks})
+        rates = WindowStats(self._decided).rates
+        why = windows_done(rates, elapsed, slowest, self.settings, self.per_window)
+        if why is None and self.more_to_come and slowest + END_MARGIN_S > -late:
+            why = Stop.BUDGET_SPENT
+        return Answer(Next.STOP if why else Next.WINDOW, why, slowest, rates[-1])
+
+    def waited(self, last: float, now: float | None = None) -> Answer:
+        """No step ended since ``last``, and it is ``now``: for a caller that sees time pass in a
+        step, a script's driver (the built-in loop is inside it; the trial timeout ends a step
+        that never does). Before a window, the latest step is judged at ``last`` (steps inside
+        the first one too); past twice the budget, the longest a trial measures, ``STUCK``."""
+        times, now = self.warm.step_times, self.clock() if now is None else now
+        answer = Answer(Next.STEP, seconds=times[-1] if times else 0.0)
+        if times and not self.windows:
+            answer = self._judged(answer, len(times), last - self.warm.started,
+                                  self.ends_by - last)
+        if answer.stop or not self.more_to_come:
+            return answer
+        stuck = now - self.warm.started > FIRST_STEP_ALLOWANCE * self.settings.max_seconds
+        return Answer(Next.STOP, Stop.STUCK, answer.seconds) if stuck else answer
+
+    def next_window(self) -> tuple[int, int]:
+        """The steps, counted from warm-up's start, the next window starts after and ends with."""
+        a = len(self.warm.step_times) - self.shared + len(self.windows) * self.per_window
+        return a, a + self.per_window
+
+    def _judged(self, answer: Answer, done: int, elapsed: float, left: float) -> Answer:
+        """``answer``, unless warm-up and a window, ``done`` steps in, cannot fit the budget
+        (``too_slow``) or end before the trial's timeout ``left`` s away (``ends_too_late``)."""
+        s, step_s = self.settings, answer.seconds
+        if not self.more_to_come:
+            return answer
+        if done < s.warmup_min_steps and too_slow(step_s, done, elapsed, s):
+            return Answer(Next.STOP, Stop.TOO_SLOW, step_s)
+        if ends_too_late(step_s, done, left, s, self.warm.ended_by is not None):
+            return Answer(Next.STOP, Stop.TOO_LATE, step_s)
+        return answer
+
+
+def stop_reason(answer: Answer, settings: MeasureSettings, of: str = "", timeout: str = "") -> str:
+    """A too-slow config's reason: its step (``of``: whose) and the rule it breaks."""
+    return f"one optimizer step{of} takes ~{answer.seconds:.1f}s; warm-up and a window " + (
+        f"would not end before the trial timeout{timeout}" if answer.why is Stop.TOO_LATE
+        else f"do not fit the {settings.max_seconds:.0f}s measuring budget")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,7 @@ class BadReport(Exception):
     in the future."""
 
 
-def finite_number(e: dict[str, Any], key: str) -> float | None:
+def finite_number(e: Mapping[str, object], key: str) -> float | None:
     """``e[key]`` as a finite float; None when it is not one (bools are not numbers)."""
     value = e.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):

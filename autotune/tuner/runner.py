@@ -113,7 +113,7 @@ class Runner:
             self.study, self.limit = open_study(
                 self.storage, self.storage_url, ident, seed=opts.seed,
                 limit=options.memory_limit(opts.memory_limit, hw), limit_spec=opts.memory_limit,
-                note=reporter.note)
+                note=lambda line: reporter.note(line))
         # Who holds a device, as a worker waiting for it is told (tuner.fleet.DeviceLock).
         self.measurer = Measurer(
             hw, self.workload_spec, opts.nproc or 1, opts.nodes, self.limit, self.study,

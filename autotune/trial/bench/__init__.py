@@ -41,6 +41,7 @@ from autotune.trial.bench.ranks import Ranks
 from autotune.trial.measurement import COMPILE_LIMIT, TRIAL_TIMEOUT, is_oom
 from autotune.trial.merge import merge_ranks
 from autotune.trial.progress import Progress
+from autotune.trial.protocol import stop_reason
 from autotune.trial.result import RESULT_SCHEMA, Timings, TrialResultDoc
 from autotune.trial.spec import TrialSpec
 
@@ -88,7 +89,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
     """Build, warm up, time the windows, count FLOPs: the result's fields as they come."""
     from autotune.trial.bench.build import build
     from autotune.trial.bench.flops import flops_for
-    from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, warm_up
+    from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, protocol_for, warm_up
 
     timings, settings = result["timings"], spec.measure
     t0 = time.time()
@@ -98,14 +99,13 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
     if spec.config.compile != "off" and not _compile(trainer, spec, progress, result, ranks):
         return
     ends_by = math.inf if spec.ends_by is None else spec.ends_by  # the trial timeout's end
+    protocol = protocol_for(trainer, settings, ends_by, result["windows"])
     t_warm = time.time()
     try:
-        warm = warm_up(trainer, settings, progress, ends_by)
+        warm = warm_up(trainer, protocol, progress)
     except TooSlow as slow:
         result["status"] = "timeout"
-        result["reason"] = (f"one optimizer step takes ~{slow.step_s:.1f}s; warm-up and a window "
-                            + ("would not end before the trial timeout" if slow.late else
-                               f"do not fit the {settings.max_seconds:.0f}s measuring budget"))
+        result["reason"] = stop_reason(slow.answer, settings)
         result["first_step_samples_per_sec"] = slow.rate
         if slow.late:
             # What the trial timeout would have done, only sooner: the tuner reads it so (a
@@ -125,7 +125,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         trainer.comm.take_wait()  # warm-up's communication is not part of any window
     t_measure = time.time()
     try:
-        steps = measure_windows(trainer, settings, progress, warm, result["windows"], ends_by)
+        steps = measure_windows(trainer, protocol, progress)
     except Diverged as exc:
         result["status"], result["reason"] = "diverged", str(exc)
         timings["measure_s"] = time.time() - t_measure
