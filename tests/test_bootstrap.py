@@ -407,7 +407,7 @@ def test_a_resume_in_code_is_dropped_in_a_trial_and_kept_under_launch(
 
     train = hf._fresh_in_trials(Trainer.train)
     for mode in ("trial", "launch"):
-        state = hf._State(mode, make())
+        state = hf._State(mode, make().config, "cpu")
         monkeypatch.setattr(hf, "_state", lambda state=state: state)
         train(Trainer(), "out/checkpoint-2")
         train(Trainer(), resume_from_checkpoint=True)
@@ -456,7 +456,8 @@ def test_only_tuned_fields_and_the_trials_isolation_reach_training_arguments() -
     alone. Never a field that names a file or code to load, a hub or a tracker."""
     from dataclasses import replace
 
-    from autotune.bootstrap.hf import FIELD_KNOB, ISOLATION
+    from autotune.bootstrap.hf import ISOLATION
+    from autotune.config.frameworks import HF_FIELD_KNOB
     from autotune.config.knobs import Config
     from autotune.integrations.hf import training_args
     from tests.test_profile import make
@@ -467,11 +468,15 @@ def test_only_tuned_fields_and_the_trials_isolation_reach_training_arguments() -
                                     activation_checkpointing=True, matmul_precision="high",
                                     optimizer_impl="fused", world_size=2,
                                     ddp_static_graph=True)):
-        fields = set(training_args(replace(every, config=config)))
-        assert fields <= set(FIELD_KNOB) | {"use_cpu", "optim"}, fields
+        for device in ("cpu", "cuda"):
+            fields = set(training_args(config, device))
+            assert fields <= set(HF_FIELD_KNOB) | {"use_cpu"}, fields
+        # A profile in place of the config and device, as before they were taken apart.
+        profile = replace(every, config=config)
+        assert training_args(profile) == profile.hf_training_args()
     never = {"deepspeed", "fsdp", "fsdp_config", "accelerator_config", "hub_token",
              "hub_model_id", "push_to_hub", "report_to", "resume_from_checkpoint", "run_name"}
-    assert not set(FIELD_KNOB) & never
+    assert not set(HF_FIELD_KNOB) & never
     # What a trial sets of those, it sets to off.
     assert {ISOLATION[k] for k in never & set(ISOLATION)} <= {None, False, "none"}
 
@@ -506,16 +511,13 @@ def test_hf_args_paste_into_the_trainers_own_parser_as_the_profile(tmp_path: Pat
 
 
 def test_the_trainers_model_gets_the_attention_or_the_reason_it_cannot() -> None:
-    from dataclasses import replace
-
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
     from autotune.bootstrap.hf import _prepare_model, _State
     from autotune.config.knobs import Config
-    from tests.test_profile import make
 
-    state = _State("trial", replace(make(), config=Config(attention="eager")))
+    state = _State("trial", Config(attention="eager"), "cpu")
     model = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                        num_attention_heads=2, intermediate_size=32))
     _prepare_model(model, state)
@@ -523,3 +525,13 @@ def test_the_trainers_model_gets_the_attention_or_the_reason_it_cannot() -> None
     _prepare_model(torch.nn.Linear(2, 2), state)
     assert state.unreachable == {"attention": "attention=eager needs a transformers model "
                                               "(set_attn_implementation); Linear has none"}
+
+
+def test_a_trials_lightning_defaults_name_the_precision_as_the_profiles_kwargs_do() -> None:
+    """The ``PL_TRAINER_PRECISION`` a trial's environment holds is the ``precision`` a script
+    gets from ``lightning_trainer_kwargs()``: one name per amp value (``config.frameworks``)."""
+    from autotune.bootstrap import trainer_env
+    from autotune.config.frameworks import lightning_precision
+
+    for amp, name in (("off", "32-true"), ("bf16", "bf16-mixed"), ("fp16", "16-mixed")):
+        assert lightning_precision(amp) == trainer_env(amp, 1)["PL_TRAINER_PRECISION"] == name

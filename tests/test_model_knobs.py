@@ -202,7 +202,7 @@ def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
     import optuna
 
     from autotune.config.knobs import oversubscribed
-    from autotune.tuner.record import of_rule
+    from autotune.tuner.record import Predicted, Prediction, of_prediction
 
     assert oversubscribed(Config(cpu_threads=1, num_workers=1), 2) is None
     assert oversubscribed(Config(num_workers=2), 2) is None  # threads left to torch
@@ -211,7 +211,7 @@ def test_threads_are_counted_with_loader_workers_against_the_cores() -> None:
                    "3 cores; this machine has 2")
     assert oversubscribed(Config(cpu_threads=4, world_size=2), 16) is None
     assert oversubscribed(Config(cpu_threads=4, num_workers=5, world_size=2), 16) is not None
-    rec = of_rule(why, 2**30)
+    rec = of_prediction(Prediction(Predicted.OVERSUBSCRIBED, why), 2**30)
     t = optuna.trial.create_trial(state=rec.state, user_attrs={
         **rec.attrs, "config": Config(cpu_threads=1, num_workers=2).to_dict()})
     v = read_trial(t)

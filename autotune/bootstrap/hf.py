@@ -1,11 +1,12 @@
 """Hugging Face's ``Trainer``, reached without an edit to the script.
 
 - ``TrainingArguments.__post_init__`` first takes the config (``integrations.hf.training_args``,
-  for the fields the installed transformers has), so it wins over command-line flags, a JSON
-  file and arguments built in code alike, and the arguments' own validation then sees it. In a
-  trial the user's outputs are left alone: the output directory is the trial's folder, nothing
-  is saved, pushed, reported to a tracker, evaluated or resumed, and training runs until
-  autotune has measured (``ISOLATION``; ``Trainer.train`` drops a resume asked in code).
+  for the fields the installed transformers has; ``config.frameworks`` names each one's knob),
+  so it wins over command-line flags, a JSON file and arguments built in code alike, and the
+  arguments' own validation then sees it. In a trial the user's outputs are left alone: the
+  output directory is the trial's folder, nothing is saved, pushed, reported to a tracker,
+  evaluated or resumed, and training runs until autotune has measured (``ISOLATION``;
+  ``Trainer.train`` drops a resume asked in code).
 - ``Trainer.__init__`` sets the model's attention implementation and the process's threads
   before the Trainer takes the model, then adds the step-reporting callback (unless the script
   added one) and one that reads back, at the start of training, what the Trainer runs with.
@@ -24,33 +25,21 @@ from typing import Any
 
 from autotune import steps
 from autotune.bootstrap import TRAINER_OUTPUT, TRIAL, hooks, memory, readback
+from autotune.config.frameworks import HF_FIELD_KNOB
 from autotune.config.knobs import Config
+from autotune.config.values import KnobValue
+from autotune.integrations import config_and_device
 from autotune.profile.load import read_quietly
-from autotune.profile.schema import Profile
 
 # What a trial turns off in the Trainer's arguments, with the value it gets: nothing lands in
 # the user's output directory, on a hub or in a tracker, nothing is evaluated or resumed, and
 # training runs until autotune has measured. (``output_dir`` is the trial's folder.)
-ISOLATION: dict[str, Any] = {
+ISOLATION: dict[str, object] = {
     "save_strategy": "no", "eval_strategy": "no", "evaluation_strategy": "no",  # (4.40 and older)
     "do_eval": False, "eval_on_start": False,
     "load_best_model_at_end": False, "push_to_hub": False, "hub_token": None,
     "hub_model_id": None, "report_to": "none", "resume_from_checkpoint": None,
     "enable_jit_checkpoint": False, "auto_find_batch_size": False, "max_steps": 10**9,
-}
-# The TrainingArguments field each knob reaches (``training_args`` sets them).
-FIELD_KNOB = {
-    "per_device_train_batch_size": "micro_batch_size",
-    "gradient_accumulation_steps": "grad_accum_steps", "bf16": "amp", "fp16": "amp",
-    "dataloader_num_workers": "num_workers", "dataloader_pin_memory": "pin_memory",
-    "dataloader_prefetch_factor": "prefetch_factor",
-    "dataloader_persistent_workers": "num_workers", "torch_compile": "compile",
-    "torch_compile_mode": "compile", "tf32": "matmul_precision",
-    "ddp_bucket_cap_mb": "ddp_bucket_cap_mb", "ddp_static_graph": "ddp_static_graph",
-    "activation_checkpointing": "activation_checkpointing",
-    "activation_checkpointing_kwargs": "activation_checkpointing",
-    "gradient_checkpointing": "activation_checkpointing",
-    "gradient_checkpointing_kwargs": "activation_checkpointing",
 }
 
 
@@ -59,15 +48,12 @@ class _State:
     """This process's candidate config and what was done with it."""
 
     mode: str
-    profile: Profile
+    config: Config
+    device: str | None  # the one the config was measured on
     unreachable: dict[str, str] = dataclasses.field(default_factory=dict)
-    script: dict[str, Any] = dataclasses.field(default_factory=dict)
+    script: dict[str, KnobValue] = dataclasses.field(default_factory=dict)
     isolated: list[str] = dataclasses.field(default_factory=list)
     reported: bool = False
-
-    @property
-    def config(self) -> Config:
-        return self.profile.config
 
 
 @functools.cache
@@ -75,7 +61,7 @@ def _state() -> _State | None:
     mode, path = hooks.mode(), os.environ.get("AUTOTUNE_PROFILE")
     if mode is None or not path:
         return None
-    return _State(mode, read_quietly(path))
+    return _State(mode, *config_and_device(read_quietly(path), None))
 
 
 def on_training_args(module: ModuleType) -> None:
@@ -100,7 +86,7 @@ def _configure(args: Any, state: _State) -> None:
     from autotune.integrations.hf import training_args
 
     fields = {f.name for f in dataclasses.fields(args)}
-    wanted = training_args(state.profile)
+    wanted = training_args(state.config, state.device)
     # The optimizer's class stays the script's (``optim``): its step implementation is set
     # when the Trainer builds it (``create_optimizer``).
     wanted.pop("optim", None)
@@ -109,7 +95,7 @@ def _configure(args: Any, state: _State) -> None:
     for name, value in wanted.items():
         if name in fields:
             setattr(args, name, value)
-        elif (knob := FIELD_KNOB.get(name)) is not None:
+        elif (knob := HF_FIELD_KNOB.get(name)) is not None:
             state.unreachable[knob] = (f"{knob}: this transformers' TrainingArguments has no "
                                        f"{name} field")
     if state.mode == TRIAL:
@@ -126,7 +112,7 @@ def _isolate(args: Any, fields: set[str], state: _State) -> None:
                 state.isolated.append(name)
 
 
-def _asked(args: Any, fields: set[str]) -> dict[str, Any]:
+def _asked(args: Any, fields: set[str]) -> dict[str, KnobValue]:
     """What the script asked for itself, in the config's terms, before the config is set."""
     def get(name: str) -> Any:
         return getattr(args, name) if name in fields else None
@@ -209,8 +195,8 @@ def _fresh_in_trials(train: Any) -> Any:
 # What a script does with its Trainer after training that a trial skips (its windows are
 # measured by then): saving the model and state, evaluating, pushing. Each returns what it
 # would (``evaluate`` its metrics: none), so the script goes on to its end.
-SKIPPED: dict[str, Any] = {"save_model": None, "save_state": None, "evaluate": {},
-                           "push_to_hub": None}
+SKIPPED: dict[str, object] = {"save_model": None, "save_state": None, "evaluate": {},
+                              "push_to_hub": None}
 
 
 def _prepare_model(model: Any, state: _State) -> None:
@@ -276,7 +262,7 @@ def report(trainer: Any, state: _State, loader: Any, optimizer: Any) -> readback
                              f"Trainer (transformers {transformers.__version__})")
     found.script, found.isolated = dict(state.script), list(state.isolated)
     if state.mode == TRIAL:
-        steps.readback(found.to_doc())
+        steps.readback(dict(found.to_doc()))
     elif trainer.args.process_index == 0:
         shown = ", ".join(f"{k}={readback.shown(found.seen[k])}" for k in found.applied
                           if k in found.seen)
@@ -286,12 +272,12 @@ def report(trainer: Any, state: _State, loader: Any, optimizer: Any) -> readback
     return found
 
 
-def _seen(trainer: Any, loader: Any, optimizer: Any) -> dict[str, Any]:
+def _seen(trainer: Any, loader: Any, optimizer: Any) -> dict[str, KnobValue]:
     """The knobs' values in the objects the Trainer built."""
     from autotune.trial.apply import model_in_force, optimizer_in_force, torch_flags_in_force
 
     args = trainer.args
-    seen: dict[str, Any] = {}
+    seen: dict[str, KnobValue] = {}
     seen["grad_accum_steps"] = int(args.gradient_accumulation_steps)
     accelerator = getattr(trainer, "accelerator", None)
     seen["amp"] = readback.amp_of(getattr(accelerator, "mixed_precision", None))

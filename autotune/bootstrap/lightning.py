@@ -26,6 +26,7 @@ from typing import Any
 from autotune import steps
 from autotune.bootstrap import TRAINER_OUTPUT, TRIAL, hooks, memory, readback
 from autotune.config.knobs import Config
+from autotune.config.values import KnobValue
 from autotune.profile.load import read_quietly
 
 # What only the script's own code sets in a Lightning run, with the profile method that does.
@@ -103,18 +104,18 @@ def report(trainer: Any, config: Config, mode: str, package: str) -> readback.Re
                              f"Lightning Trainer ({package.split('.')[0]} {version})")
     found.isolated = list(_isolated)
     if mode == TRIAL:
-        steps.readback(found.to_doc())
+        steps.readback(dict(found.to_doc()))
     elif trainer.global_rank == 0:
         for why in found.fixed.values():
             print(f"autotune: not applied: {why}", file=sys.stderr)
     return found
 
 
-def _seen(trainer: Any) -> dict[str, Any]:
+def _seen(trainer: Any) -> dict[str, KnobValue]:
     from autotune.trial.apply import torch_flags_in_force
 
-    seen: dict[str, Any] = {"amp": readback.amp_of(str(trainer.precision)),
-                            "grad_accum_steps": int(trainer.accumulate_grad_batches)}
+    seen: dict[str, KnobValue] = {"amp": readback.amp_of(str(trainer.precision)),
+                                  "grad_accum_steps": int(trainer.accumulate_grad_batches)}
     flags = torch_flags_in_force()
     seen["cpu_threads"], seen["matmul_precision"] = flags["threads"], flags["matmul_precision"]
     return seen
@@ -124,7 +125,7 @@ def _seen(trainer: Any) -> dict[str, Any]:
 
 # What a trial skips of what a script does with its Trainer besides fitting: evaluating (the
 # trial has measured by then). Each returns what Lightning returns with nothing to evaluate.
-SKIPPED: dict[str, Any] = {"validate": [], "test": []}
+SKIPPED: dict[str, object] = {"validate": [], "test": []}
 # What trials turned off in this process's Trainers (Trainer arguments' names), for the
 # read-back.
 _isolated: list[str] = []
@@ -142,11 +143,11 @@ def hook_trainer(package: str) -> None:
         return
     signature = inspect.signature(cls.fit)
 
-    def fit(trainer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def fit(trainer: Any, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         isolate(trainer, package)
         return _fresh(trainer, signature, args, kwargs)
 
-    def predict(trainer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def predict(trainer: Any, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         isolate(trainer, package)
         return args, kwargs
 
@@ -156,7 +157,11 @@ def hook_trainer(package: str) -> None:
         setattr(cls, name, hooks.skipped_in_trials(getattr(cls, name), result))
 
 
-Before = Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
+# A Trainer method's positional and keyword arguments, passed through unread but for the few
+# ``_fresh`` looks at by name.
+Args = tuple[object, ...]
+Kwargs = dict[str, object]
+Before = Callable[[Any, Args, Kwargs], tuple[Args, Kwargs]]
 
 
 def _in_trials(method: Any, before: Before) -> Any:
@@ -220,8 +225,8 @@ def isolate(trainer: Any, package: str) -> None:
         _record("checkpoint_callbacks")
 
 
-def _fresh(trainer: Any, signature: inspect.Signature, args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _fresh(trainer: Any, signature: inspect.Signature, args: Args,
+           kwargs: Kwargs) -> tuple[Args, Kwargs]:
     """``fit``'s arguments without the checkpoint it would resume from (``ckpt_path``, or
     ``trainer.ckpt_path`` set before): a trial measures the config from the first step, not
     the rest of the user's run (and never reads the user's checkpoint). Said once on stderr

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.config.knobs import Config
+from autotune.config.values import KnobValue
+
+if TYPE_CHECKING:
+    from autotune.trial.result import ReadbackDoc
 
 # Knobs the launcher applies (the ranks it starts, NCCL's environment): not the Trainer's.
 LAUNCHER_KNOBS = ("world_size", "nccl_algo", "nccl_proto")
@@ -23,22 +27,23 @@ class Readback:
     via: str  # "Trainer (transformers 5.2.0)", "Lightning Trainer (lightning 2.6.6)"
     applied: list[str] = field(default_factory=list)
     fixed: dict[str, str] = field(default_factory=dict)
-    seen: dict[str, Any] = field(default_factory=dict)  # knob -> the value read back
-    script: dict[str, Any] = field(default_factory=dict)  # what the script asked for itself
+    seen: dict[str, KnobValue] = field(default_factory=dict)  # knob -> the value read back
+    script: dict[str, KnobValue] = field(default_factory=dict)  # what the script asked itself
     isolated: list[str] = field(default_factory=list)  # what a trial turned off in it
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> ReadbackDoc:
+        """The read-back as a trial records it (``steps.readback``): plain values only."""
         return {"via": self.via, "applied": sorted(self.applied), "fixed": dict(self.fixed),
                 "seen": {k: v for k, v in self.seen.items() if _plain(v)},
                 "script": {k: v for k, v in self.script.items() if _plain(v)},
                 "isolated": list(self.isolated)}
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
-def compare(config: Config, seen: Mapping[str, Any], unreachable: Mapping[str, str],
+def compare(config: Config, seen: Mapping[str, KnobValue], unreachable: Mapping[str, str],
             via: str) -> Readback:
     """Each knob of ``config`` (but the launcher's): applied when the value read back is the
     config's (or the config leaves it as built), fixed with the reason when the framework
@@ -63,7 +68,7 @@ def compare(config: Config, seen: Mapping[str, Any], unreachable: Mapping[str, s
     return out
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """A knob's value as the run prints it."""
     return "off" if value is False else "on" if value is True else str(value)
 

@@ -1,7 +1,7 @@
-"""Hugging Face's ``Trainer`` and a profile: the ``TrainingArguments`` a profile sets
-(``training_args``, which ``Profile.hf_training_args`` returns), and a callback that makes the
-script tunable by ``autotune run -- CMD``: it reports each optimizer step and stops training when
-the tuner has measured enough.
+"""Hugging Face's ``Trainer`` and a profile: the ``TrainingArguments`` a config sets
+(``training_args``, which ``Profile.hf_training_args`` returns for the profile's), and a callback
+that makes the script tunable by ``autotune run -- CMD``: it reports each optimizer step and
+stops training when the tuner has measured enough.
 
     from autotune.integrations.hf import AutotuneCallback
 
@@ -19,87 +19,60 @@ import functools
 import inspect
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import TrainerCallback, TrainingArguments
 
 from autotune import steps
+from autotune.config.frameworks import HF_FIELDS, hf_optim
+from autotune.config.knobs import Config
+from autotune.integrations import ProfileLike, config_and_device
 
-if TYPE_CHECKING:
-    from autotune.profile import Profile
 
-
-def training_args(profile: Profile) -> dict[str, Any]:
-    """Keyword arguments for ``transformers.TrainingArguments``: per-device batch,
-    accumulation, precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a
-    profile tuned on a CPU and, with ranks, the DDP bucket size and static graph; compiling,
-    TF32 and activation checkpointing as the trials ran them; ``optim`` only where AdamW needs
-    another name than TrainingArguments' default to step as the profile's ``optimizer_impl``
-    (``optim_name``). (TrainingArguments has no gradient-view option.) Keys vary with the
-    transformers version: a dict, not a fixed type."""
-    c = profile.config
-    kwargs: dict[str, Any] = {
-        "per_device_train_batch_size": c.micro_batch_size,
-        "gradient_accumulation_steps": c.grad_accum_steps,
-        "bf16": c.amp == "bf16", "fp16": c.amp == "fp16",
-        "dataloader_num_workers": c.num_workers,
-        # TrainingArguments pins by default; the profile says whether pinning paid.
-        "dataloader_pin_memory": c.pin_memory,
-    }
-    if c.num_workers > 0:
-        kwargs["dataloader_prefetch_factor"] = c.prefetch_factor or 2
-        kwargs["dataloader_persistent_workers"] = True
-    if profile.fingerprint.get("device") == "cpu":
-        kwargs["use_cpu"] = True  # what was measured; also how HF allows bf16 on a CPU
-    if c.world_size > 1:
-        kwargs["ddp_bucket_cap_mb"] = c.ddp_bucket_cap_mb
-        if c.ddp_static_graph:
-            kwargs["ddp_static_graph"] = True
-    if c.compile != "off":
-        kwargs["torch_compile"] = True
-        if c.compile != "default":
-            kwargs["torch_compile_mode"] = c.compile
-    if c.matmul_precision == "high":
-        kwargs["tf32"] = True
-    # No optim where TrainingArguments' default already steps as tuned, or where the profile
-    # kept the optimizer's own implementation: the Trainer's own default (adamw_torch_fused
+def training_args(config: Config | ProfileLike, device: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``transformers.TrainingArguments`` for ``config`` measured on
+    ``device`` (a ``Profile`` in place of both reads its own): per-device batch, accumulation,
+    precision, the DataLoader's workers/pinning/prefetch, ``use_cpu`` for a config measured on
+    a CPU and, with ranks, the DDP bucket size and static graph; compiling, TF32 and activation
+    checkpointing as the trials ran them; ``optim`` only where AdamW needs another name than
+    TrainingArguments' default to step as ``optimizer_impl`` (``optim_name``).
+    (TrainingArguments has no gradient-view option.) The fields are ``config.frameworks``'
+    table's; their names and TrainingArguments' defaults are the installed transformers': a
+    dict of its keyword arguments (``Any``: each field has its own type), not a fixed type."""
+    config, device = config_and_device(config, device)
+    fields = _init_fields()
+    # No optim where TrainingArguments' default already steps as tuned, or where the config
+    # keeps the optimizer's own implementation: the Trainer's own default (adamw_torch_fused
     # with torch 2.8 or newer) and a script's own optim= stand.
-    optim = optim_name(profile)
-    if optim is not None and optim != field_defaults().get("optim"):
-        kwargs["optim"] = optim
-    if c.activation_checkpointing:
-        name = _checkpointing_name()
-        kwargs[name] = True
-        kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
-    return kwargs
+    default_optim = field_defaults().get("optim")
+    values = ((f, f.value(config, device)) for f in HF_FIELDS)
+    # A field transformers 5 renamed (gradient_checkpointing: activation_checkpointing) goes
+    # by the name the installed TrainingArguments takes.
+    return {f.name if f.older is None or f.name in fields else f.older: value
+            for f, value in values
+            if value is not None and not (f.name == "optim" and value == default_optim)}
 
 
-def optim_name(profile: Profile) -> str | None:
-    """The TrainingArguments ``optim`` that steps AdamW as the profile's ``optimizer_impl``;
-    None where the profile keeps the optimizer's own implementation, or where no name reaches
-    it on the profile's device. (torch's AdamW given neither ``foreach`` nor ``fused``, which
-    ``adamw_torch`` builds, steps foreach on a GPU and the for-loop on a CPU.)"""
-    impl = profile.config.optimizer_impl
-    if impl == "fused":
-        return "adamw_torch_fused"
-    torch_picks = "for-loop" if profile.fingerprint.get("device") == "cpu" else "foreach"
-    return "adamw_torch" if impl == torch_picks else None
+def optim_name(config: Config | ProfileLike, device: str | None = None) -> str | None:
+    """The TrainingArguments ``optim`` that steps AdamW as ``config.optimizer_impl`` on
+    ``device`` (a ``Profile`` in place of both reads its own); None where the config keeps the
+    optimizer's own implementation, or where no name reaches it there
+    (``config.frameworks.hf_optim``)."""
+    return hf_optim(*config_and_device(config, device))
 
 
 @functools.cache
-def field_defaults() -> dict[str, Any]:
+def field_defaults() -> dict[str, object]:
     """The installed TrainingArguments' own default of each field that has one (``optim``'s
     depends on the torch version)."""
     return {f.name: f.default for f in dataclasses.fields(TrainingArguments)
             if f.default is not dataclasses.MISSING}
 
 
-def _checkpointing_name() -> str:
-    """TrainingArguments' name for activation checkpointing: transformers 5.x renamed
-    ``gradient_checkpointing`` to ``activation_checkpointing``."""
-    params = inspect.signature(TrainingArguments.__init__).parameters
-    return "activation_checkpointing" if "activation_checkpointing" in params \
-        else "gradient_checkpointing"
+@functools.cache
+def _init_fields() -> frozenset[str]:
+    """The keyword arguments the installed ``TrainingArguments`` takes."""
+    return frozenset(inspect.signature(TrainingArguments.__init__).parameters)
 
 
 class AutotuneCallback(TrainerCallback):

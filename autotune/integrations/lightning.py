@@ -1,7 +1,7 @@
-"""Lightning's ``Trainer`` and a profile: the ``Trainer`` arguments a profile sets
-(``trainer_kwargs``, which ``Profile.lightning_trainer_kwargs`` returns), and a callback that
-makes the script tunable by ``autotune run -- CMD``: it reports each optimizer step and stops
-``fit`` when the tuner has measured enough.
+"""Lightning's ``Trainer`` and a profile: the ``Trainer`` arguments a config sets
+(``trainer_kwargs``, which ``Profile.lightning_trainer_kwargs`` returns for the profile's), and
+a callback that makes the script tunable by ``autotune run -- CMD``: it reports each optimizer
+step and stops ``fit`` when the tuner has measured enough.
 
     from autotune.integrations.lightning import AutotuneCallback
 
@@ -18,13 +18,13 @@ import importlib
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune import steps
-from autotune.bootstrap import lightning_precision
-
-if TYPE_CHECKING:
-    from autotune.profile import Profile
+from autotune.config.frameworks import LightningPrecision, lightning_precision
+from autotune.config.knobs import Config
+from autotune.integrations import ProfileLike, config_and_device
+from autotune.trial.apply import ddp_kwargs
 
 
 def package() -> str:
@@ -49,27 +49,27 @@ else:
 class TrainerKwargs(TypedDict, total=False):
     """What ``trainer_kwargs`` sets; ``strategy`` and ``devices`` only with several ranks."""
 
-    precision: Literal["bf16-mixed", "16-mixed", "32-true"]
+    precision: LightningPrecision
     accumulate_grad_batches: int
     strategy: Any  # a DDPStrategy of the script's Lightning package (``package``)
     devices: int
 
 
-def trainer_kwargs(profile: Profile) -> TrainerKwargs:
-    """Keyword arguments for a Lightning ``Trainer``: ``precision``,
-    ``accumulate_grad_batches`` and, with ranks, ``devices`` and a ``DDPStrategy`` carrying
-    the DDP arguments (``Profile.ddp_kwargs``). The model knobs are not the Trainer's: see
+def trainer_kwargs(config: Config | ProfileLike) -> TrainerKwargs:
+    """Keyword arguments for a Lightning ``Trainer`` for ``config`` (a ``Profile`` in its place
+    reads its own): ``precision``, ``accumulate_grad_batches`` and, with ranks, ``devices`` and
+    a ``DDPStrategy`` carrying the DDP arguments (``trial.apply.ddp_kwargs``, as
+    ``Profile.ddp_kwargs``). The model knobs are not the Trainer's: see
     ``Profile.lightning_trainer_kwargs``."""
-    c = profile.config
-    kwargs: TrainerKwargs = {
-        "precision": lightning_precision(c.amp),  # type: ignore[typeddict-item]
-        "accumulate_grad_batches": c.grad_accum_steps}
+    c, _ = config_and_device(config, None)
+    kwargs: TrainerKwargs = {"precision": lightning_precision(c.amp),
+                             "accumulate_grad_batches": c.grad_accum_steps}
     if c.world_size > 1:
         if package() == "lightning.pytorch":
             from lightning.pytorch.strategies import DDPStrategy
         else:
             from pytorch_lightning.strategies import DDPStrategy
-        kwargs["strategy"] = DDPStrategy(**profile.ddp_kwargs())
+        kwargs["strategy"] = DDPStrategy(**ddp_kwargs(c))
         kwargs["devices"] = c.world_size
     return kwargs
 

@@ -3,8 +3,9 @@ file form, and the calls a training script makes to apply it.
 
 Each call delegates: how a config becomes torch's arguments lives in ``trial.apply`` (shared
 with the trials, so a script runs what was measured), the environment in ``profile.env``, the
-framework kwargs beside their callbacks in ``autotune.integrations``. Each call records its
-first use in a trial of ``autotune run -- CMD`` (``steps.accessed``).
+framework kwargs beside their callbacks in ``autotune.integrations``, called with the profile's
+config and the device it was measured on (one way: the integrations never import the profile).
+Each call records its first use in a trial of ``autotune run -- CMD`` (``steps.accessed``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from autotune.profile.documents import (
     ResultDoc,
 )
 from autotune.trial.apply import (
+    LoaderKwargs,
+    OptimizerKwargs,
+    TorchFlags,
     attention_refused,
     autocast_dtype,
     compile_model,
@@ -86,7 +90,9 @@ class Profile:
     result: ResultDoc
     baseline: BaselineDoc
     speedup: float | None
-    fingerprint: dict[str, Any]  # the machine's, as ``machine.hardware`` writes and compares it
+    # The machine's, as ``machine.hardware`` writes and compares it: a stored one may come from
+    # an earlier autotune with fewer fields, so its readers check each value they use.
+    fingerprint: dict[str, object]
     provenance: ProvenanceDoc
     notes: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -128,7 +134,7 @@ class Profile:
     # -- applying it ----------------------------------------------------------------------------
 
     @_tracked
-    def dataloader_kwargs(self, device: str | torch.device | None = None) -> dict[str, Any]:
+    def dataloader_kwargs(self, device: str | torch.device | None = None) -> LoaderKwargs:
         """``batch_size``, ``num_workers``, ``pin_memory`` and, with workers, ``prefetch_factor``
         and ``persistent_workers``, as the trials ran them. Add your dataset, sampler and
         collate_fn. ``pin_memory`` is on only when batches go to a GPU (``device``, default:
@@ -189,7 +195,7 @@ class Profile:
         env.refuse_foreign(self.env)
 
     @_tracked
-    def apply_torch_flags(self) -> dict[str, Any]:
+    def apply_torch_flags(self) -> TorchFlags:
         """Set the process-wide torch settings the profile tuned: intra-op threads (when it
         set them) and the fp32 matmul precision (TF32 or not). Call once at start, before
         building the model. Returns what is in force afterwards."""
@@ -208,7 +214,7 @@ class Profile:
         return self.config.attention
 
     @_tracked
-    def optimizer_kwargs(self) -> dict[str, Any]:
+    def optimizer_kwargs(self) -> OptimizerKwargs:
         """``foreach`` / ``fused`` for your torch optimizer's constructor, as the trials ran it
         (``{}``: the optimizer's own default). ``AdamW(params, lr=..., **p.optimizer_kwargs())``."""
         return optimizer_kwargs(self.config)
@@ -264,7 +270,7 @@ class Profile:
         on whichever optimizer the Trainer builds) (``autotune.integrations.hf.training_args``)."""
         from autotune.integrations.hf import training_args
 
-        return training_args(self)
+        return training_args(self.config, self._measured_on())
 
     @_tracked
     def lightning_trainer_kwargs(self) -> TrainerKwargs:
@@ -281,7 +287,13 @@ class Profile:
         except ImportError:
             raise ProfileError("lightning_trainer_kwargs() needs Lightning: pip install "
                                "lightning") from None
-        return trainer_kwargs(self)
+        return trainer_kwargs(self.config)
+
+    def _measured_on(self) -> str | None:
+        """The device the profile was measured on (``cpu``, ``cuda``); None: its fingerprint
+        does not say."""
+        device = self.fingerprint.get("device")
+        return device if isinstance(device, str) else None
 
     # -- reading it -----------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ what was measured is what trains. torch is imported inside the functions that ne
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from autotune.config.knobs import KNOBS, Config
 
@@ -24,17 +24,43 @@ class ModelInForce(TypedDict):
     activation_checkpointing: bool
 
 
-def loader_kwargs(config: Config, device_type: str) -> dict[str, Any]:
+class LoaderKwargs(TypedDict):
+    """The DataLoader's keyword arguments a config sets (``loader_kwargs``)."""
+
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: NotRequired[int]  # with workers only: DataLoader refuses it without
+    persistent_workers: NotRequired[bool]
+
+
+class TorchFlags(TypedDict):
+    """The process-wide torch settings in force: intra-op threads and the fp32 matmul
+    precision, in the config's terms (``highest`` or ``high``)."""
+
+    threads: int
+    matmul_precision: str
+
+
+class OptimizerKwargs(TypedDict, total=False):
+    """A torch optimizer's implementation flags (``{}``: the optimizer's own default)."""
+
+    foreach: bool
+    fused: bool
+
+
+def loader_kwargs(config: Config, device_type: str) -> LoaderKwargs:
     """The DataLoader arguments a config sets; the caller adds dataset, sampler and collate_fn.
 
     pin_memory only where batches go to a GPU; prefetch and persistent workers only with workers
     (DataLoader refuses prefetch_factor without them). Trials and training both build from this.
     """
-    kwargs: dict[str, Any] = {"batch_size": config.micro_batch_size,
-                              "num_workers": config.num_workers,
-                              "pin_memory": config.pin_memory and device_type == "cuda"}
+    kwargs: LoaderKwargs = {"batch_size": config.micro_batch_size,
+                            "num_workers": config.num_workers,
+                            "pin_memory": config.pin_memory and device_type == "cuda"}
     if config.num_workers > 0:
-        kwargs.update(prefetch_factor=config.prefetch_factor or 2, persistent_workers=True)
+        kwargs["prefetch_factor"] = config.prefetch_factor or 2
+        kwargs["persistent_workers"] = True
     return kwargs
 
 
@@ -73,7 +99,7 @@ def ddp_accepts(name: str) -> bool:
 # -- the model, its optimizer and process-wide torch flags ----------------------------------------
 
 
-def set_torch_flags(config: Config) -> dict[str, Any]:
+def set_torch_flags(config: Config) -> TorchFlags:
     """Process-wide settings: intra-op threads (when the config sets them) and the precision of
     fp32 matmuls. Call once, before building the model. Returns what is in force afterwards."""
     import torch
@@ -91,7 +117,7 @@ def set_torch_flags(config: Config) -> dict[str, Any]:
     return torch_flags_in_force()
 
 
-def torch_flags_in_force() -> dict[str, Any]:
+def torch_flags_in_force() -> TorchFlags:
     """The threads and fp32 matmul precision this process runs with now."""
     import torch
 
@@ -189,12 +215,13 @@ def compile_model(model: Any, config: Config) -> Any:
     return torch.compile(model, mode=None if config.compile == "default" else config.compile)
 
 
-def optimizer_kwargs(config: Config) -> dict[str, Any]:
+def optimizer_kwargs(config: Config) -> OptimizerKwargs:
     """Keyword arguments a torch optimizer takes for the config's implementation: ``{}`` for
     the default, ``foreach`` or ``fused`` otherwise."""
-    return {"default": {}, "for-loop": {"foreach": False, "fused": False},
-            "foreach": {"foreach": True, "fused": False},
-            "fused": {"foreach": False, "fused": True}}[config.optimizer_impl]
+    impls: dict[str, OptimizerKwargs] = {
+        "default": {}, "for-loop": {"foreach": False, "fused": False},
+        "foreach": {"foreach": True, "fused": False}, "fused": {"foreach": False, "fused": True}}
+    return impls[config.optimizer_impl]
 
 
 def rebuild_optimizer(optimizer: Any, config: Config) -> Any:
@@ -203,19 +230,19 @@ def rebuild_optimizer(optimizer: Any, config: Config) -> Any:
     ``fused`` is refused with the reason."""
     import inspect
 
-    kwargs = optimizer_kwargs(config)
-    if not kwargs:
+    wanted = optimizer_kwargs(config)
+    if not wanted:
         return optimizer
     if optimizer.state:
         raise ValueError(f"optimizer_impl={config.optimizer_impl}: the optimizer has stepped "
                          "already (its state would be lost); rebuild it before the first step")
     cls = type(optimizer)
     takes = inspect.signature(cls.__init__).parameters
-    missing = [k for k, v in kwargs.items() if v and k not in takes]
+    missing = [k for k, v in wanted.items() if v and k not in takes]
     if missing:
         raise ValueError(f"optimizer_impl={config.optimizer_impl}: {cls.__name__} takes no "
                          f"{missing[0]} argument")
-    kwargs = {k: v for k, v in kwargs.items() if k in takes}
+    kwargs = {k: v for k, v in wanted.items() if k in takes}
     defaults = {k: v for k, v in optimizer.defaults.items() if k in takes}
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"], **kwargs}
               for g in optimizer.param_groups]

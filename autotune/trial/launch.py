@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -37,7 +37,14 @@ from autotune.trial.merge import first_failure
 from autotune.trial.output import CappedLog
 from autotune.trial.plans import Nodes, TrialPlan, plan, plan_command
 from autotune.trial.processes import TRIAL_TOKEN, Tree, kill_group, new_token, reap
-from autotune.trial.progress import Tail, measured_span, read_events, read_windows
+from autotune.trial.progress import (
+    OnEvent,
+    ProgressEvent,
+    Tail,
+    measured_span,
+    read_events,
+    read_windows,
+)
 from autotune.trial.result import RESULT_SCHEMA, TrialResultDoc
 from autotune.trial.spec import TrialSpec
 from autotune.trial.untrusted import Refused, load_file
@@ -54,11 +61,13 @@ ENGINE_END_WAIT_S = 20.0
 
 
 class Monitor(Protocol):
-    """What watches the devices while a trial runs (``machine.monitor.GpuMonitor``)."""
+    """What watches the devices while a trial runs (``machine.monitor.GpuMonitor``). Its samples
+    and their summary are the machine room's documents: here they are only passed on (to
+    ``RawResult.gpu``), never read."""
 
     def start(self) -> object: ...
-    def stop(self) -> list[dict[str, Any]]: ...
-    def summary(self, span: tuple[float, float] | None) -> dict[str, Any]: ...
+    def stop(self) -> Sequence[Mapping[str, object]]: ...
+    def summary(self, span: tuple[float, float] | None) -> Mapping[str, object]: ...
 
 
 @dataclass
@@ -101,14 +110,14 @@ class _Pace:
     def __post_init__(self) -> None:
         self.interval = self.floor
 
-    def note(self, event: dict[str, Any]) -> None:
+    def note(self, event: ProgressEvent) -> None:
         seconds = event.get("seconds")
         if event.get("event") in ("warmup_step", "window") and isinstance(seconds, int | float) \
                 and math.isfinite(seconds):
             self.interval = min(MAX_POLL_S, max(self.floor, seconds / 4))
 
 
-def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = None,
+def execute(p: TrialPlan, on_event: OnEvent | None = None,
             poll_s: float = 0.25, should_stop: Callable[[], str | None] | None = None,
             monitor: Monitor | None = None,
             interrupt: threading.Event | None = None) -> RawResult:
@@ -167,14 +176,14 @@ def execute(p: TrialPlan, on_event: Callable[[dict[str, Any]], None] | None = No
         killed_for_memory=watch.killed_for_memory, memory_limit_bytes=p.memory_limit_bytes,
         interrupted=watch.interrupted, timeout_s=p.timeout_s,
         partial_windows=read_windows(p.progress_path) if cut else [], stopped=watch.stopped,
-        gpu=monitor.summary(measured_span(read_events(p.progress_path)))
+        gpu=dict(monitor.summary(measured_span(read_events(p.progress_path))))
         if monitor is not None and samples else {},
     )
 
 
 def _end(p: TrialPlan, proc: subprocess.Popen[bytes], tree: Tree, output: CappedLog,
          relay: Relay | None, monitor: Monitor | None
-         ) -> tuple[list[int], list[dict[str, Any]], bytes]:
+         ) -> tuple[list[int], Sequence[Mapping[str, object]], bytes]:
     """End every process of the trial, whatever ended it; returns the processes that survived
     SIGKILL, the monitor's samples and the trial's output (its tail)."""
     tree.look()  # before the kill: parent links are lost once the leader dies
@@ -270,7 +279,7 @@ def _prepare(p: TrialPlan) -> dict[str, str]:
 
 def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
             memory: TreeMemory | None, watch: _Watch,
-            on_event: Callable[[dict[str, Any]], None] | None,
+            on_event: OnEvent | None,
             should_stop: Callable[[], str | None] | None, poll_s: float,
             tree: Tree | None = None, driver: StepDriver | None = None,
             interrupt: threading.Event | None = None) -> None:
@@ -281,7 +290,7 @@ def _follow(p: TrialPlan, proc: subprocess.Popen[bytes], start: float,
     next_sample = next_look = 0.0
     pace = _Pace(poll_s)
 
-    def seen(event: dict[str, Any]) -> None:
+    def seen(event: ProgressEvent) -> None:
         pace.note(event)
         if on_event is not None:
             on_event(event)
