@@ -50,13 +50,10 @@ def environment(mode: str, env: Mapping[str, str]) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([*ours, *theirs]), MODE_ENV: mode}
 
 
-def lightning_precision(amp: str) -> str:
-    """Lightning's ``precision`` for an ``amp`` value."""
-    return {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(amp, "32-true")
-
-
 def trainer_env(amp: str, accumulation: int) -> dict[str, str]:
     """Lightning's ``Trainer`` defaults from the environment (``PL_TRAINER_<ARG>``): a value the
     script passes to ``Trainer(...)`` wins, which the read-back then reports."""
+    from autotune.config.frameworks import lightning_precision  # here: the top stays stdlib
+
     return {"PL_TRAINER_PRECISION": lightning_precision(amp),
             "PL_TRAINER_ACCUMULATE_GRAD_BATCHES": str(accumulation)}

@@ -8,9 +8,9 @@ divide it, deriving the accumulation from them. Pure: Optuna is only a type here
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from autotune.config.domains import (
     Choices,
@@ -22,13 +22,17 @@ from autotune.config.domains import (
     show,
 )
 from autotune.config.knobs import DECLARED, KNOBS, Config
+from autotune.config.rules import Machine
 from autotune.config.values import KnobValue
 from autotune.errors import UsageError
 
-if TYPE_CHECKING:
-    import optuna
 
-    from autotune.machine.hardware import Hardware
+class Suggests(Protocol):
+    """What ``suggest`` asks of a trial (an ``optuna.Trial``: config does not import Optuna)."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
+                    log: bool = False) -> int: ...
 
 # What was dropped from a knob's domain (a value, or a span of them such as "33..64"), and why.
 Removed = dict[str, list[tuple[KnobValue, str]]]
@@ -68,7 +72,7 @@ class NarrowedSpace:
     global_batch: int | None = None
     derived: dict[str, str] = field(default_factory=dict)  # knob -> how it is computed
 
-    def suggest(self, trial: optuna.Trial, baseline: Config) -> Config:
+    def suggest(self, trial: Suggests, baseline: Config) -> Config:
         """Ask Optuna for one config (define-by-run, so conditional knobs stay conditional:
         a knob whose condition fails is not asked for, and takes its fallback value)."""
         values: dict[str, KnobValue] = {name: value for name, (value, _) in self.fixed.items()}
@@ -144,7 +148,7 @@ class NarrowedSpace:
         }
 
 
-def _suggest_one(trial: optuna.Trial, name: str, domain: Domain) -> Any:
+def _suggest_one(trial: Suggests, name: str, domain: Domain) -> Any:
     if isinstance(domain, Choices):
         return trial.suggest_categorical(name, list(domain.values))
     return trial.suggest_int(name, domain.low, domain.high, log=domain.log, step=domain.step)
@@ -208,7 +212,7 @@ def baseline_for_global_batch(default_micro: int, global_batch: int, world_size:
                   world_size=world_size)
 
 
-def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config,
+def narrow(space: SearchSpace, hw: Machine, world_size: int, baseline: Config,
            global_batch: int | None = None, supports: Collection[str] = (),
            workload: str = "the workload") -> NarrowedSpace:
     """Keep what this hardware can run; the baseline's values always stay in the space.
@@ -273,7 +277,7 @@ def narrow(space: SearchSpace, hw: Hardware, world_size: int, baseline: Config,
                          global_batch, derived)
 
 
-def _narrow_range(name: str, domain: IntRange, hw: Hardware, world_size: int, base: Any,
+def _narrow_range(name: str, domain: IntRange, hw: Machine, world_size: int, base: Any,
                   removed: Removed) -> IntRange:
     """Clip an integer range to the values this hardware can run, and widen it to hold the
     baseline's value (a range must stay a range: it cannot have holes)."""

@@ -1,23 +1,54 @@
 """When a knob, or one of its values, does not apply to the hardware at hand, and why.
 
-Each rule reads what the machine room detected (``Hardware``) and the number of ranks, never the
+Each rule reads what the machine room detected (a ``Machine``: ``machine.hardware.Hardware``
+has these fields; config, being pure, names only what it reads) and the number of ranks, never the
 machine itself, and returns the reason in words, or None where the knob or value can run. Torch's
 abilities are read from its version, so narrowing a space never imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from autotune.config.knobs import Config
-    from autotune.machine.hardware import Hardware
+
+
+class Device(Protocol):
+    """A GPU as the rules read it."""
+
+    @property
+    def compute_capability(self) -> tuple[int, int]: ...
+
+
+class Machine(Protocol):
+    """What the rules read of the machine the machine room detected."""
+
+    @property
+    def device(self) -> str: ...  # "cuda" or "cpu"
+    @property
+    def gpus(self) -> Sequence[Device]: ...
+    @property
+    def cpu_cores(self) -> int: ...
+    @property
+    def torch_version(self) -> str: ...
+    @property
+    def nccl_version(self) -> str | None: ...
+    @property
+    def cpp_compiler(self) -> str | None: ...
+    @property
+    def flash_attn(self) -> bool: ...
+    @property
+    def supports_bf16(self) -> bool: ...
+    @property
+    def supports_fp16(self) -> bool: ...
+
 
 # Why a whole knob does not apply here, or None.
-Applies = Callable[["Hardware", int], "str | None"]
+Applies = Callable[[Machine, int], "str | None"]
 # Why one value of a knob cannot run here, or None.
-ValueOk = Callable[[object, "Hardware", int], "str | None"]
+ValueOk = Callable[[object, Machine, int], "str | None"]
 
 # DistributedDataParallel's optional arguments, each with the first torch release that takes it.
 DDP_ARGUMENTS = {"gradient_as_bucket_view": (1, 7), "static_graph": (1, 11)}
@@ -34,12 +65,12 @@ def torch_takes(argument: str, torch_version: str) -> bool:
     return version(torch_version) >= DDP_ARGUMENTS[argument]
 
 
-def always(hw: Hardware, world_size: int) -> str | None:
+def always(hw: Machine, world_size: int) -> str | None:
     """The knob applies everywhere."""
     return None
 
 
-def any_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def any_value(value: object, hw: Machine, world_size: int) -> str | None:
     """Every value of the knob can run everywhere."""
     return None
 
@@ -47,7 +78,7 @@ def any_value(value: object, hw: Hardware, world_size: int) -> str | None:
 def nccl_version_ok(table: dict[str, tuple[int, int]], variable: str) -> ValueOk:
     """A value NCCL in use does not know would fail every trial: drop it, saying why."""
 
-    def check(value: object, hw: Hardware, world_size: int) -> str | None:
+    def check(value: object, hw: Machine, world_size: int) -> str | None:
         if value == "default" or not hw.nccl_version or not isinstance(value, str):
             return None
         have = tuple(int(x) for x in hw.nccl_version.split(".")[:2] if x.isdigit())
@@ -61,14 +92,14 @@ def nccl_version_ok(table: dict[str, tuple[int, int]], variable: str) -> ValueOk
     return check
 
 
-def needs_ranks(hw: Hardware, world_size: int) -> str | None:
+def needs_ranks(hw: Machine, world_size: int) -> str | None:
     """DDP's knobs need several ranks."""
     if world_size <= 1:
         return "DDP is only used with more than one rank (world size 1)"
     return None
 
 
-def needs_nccl(hw: Hardware, world_size: int) -> str | None:
+def needs_nccl(hw: Machine, world_size: int) -> str | None:
     """NCCL's knobs need CUDA GPUs and several ranks."""
     if hw.device != "cuda":
         return "NCCL knobs need the nccl backend (no CUDA GPU here)"
@@ -80,7 +111,7 @@ def needs_nccl(hw: Hardware, world_size: int) -> str | None:
 def needs_ddp_argument(argument: str) -> Applies:
     """A DDP knob that this torch's DistributedDataParallel must take as an argument."""
 
-    def check(hw: Hardware, world_size: int) -> str | None:
+    def check(hw: Machine, world_size: int) -> str | None:
         if world_size <= 1:
             return "DDP is only used with more than one rank (world size 1)"
         if not torch_takes(argument, hw.torch_version):
@@ -90,14 +121,14 @@ def needs_ddp_argument(argument: str) -> Applies:
     return check
 
 
-def needs_gpu(hw: Hardware, world_size: int) -> str | None:
+def needs_gpu(hw: Machine, world_size: int) -> str | None:
     """pin_memory helps only host-to-GPU copies."""
     if hw.device != "cuda":
         return "pin_memory only speeds up host-to-GPU copies (no CUDA GPU here)"
     return None
 
 
-def amp_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def amp_value(value: object, hw: Machine, world_size: int) -> str | None:
     """fp16 and bf16 need a device that trains in them natively."""
     if value == "fp16" and not hw.supports_fp16:
         return "fp16 autocast is not a training precision on this device"
@@ -108,28 +139,28 @@ def amp_value(value: object, hw: Hardware, world_size: int) -> str | None:
     return None
 
 
-def workers_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def workers_value(value: object, hw: Machine, world_size: int) -> str | None:
     """Loader workers of all ranks fit the CPU cores."""
     if isinstance(value, int) and value * world_size > hw.cpu_cores:
         return f"{value} workers x {world_size} rank(s) exceed the {hw.cpu_cores} CPU cores"
     return None
 
 
-def compile_applies(hw: Hardware, world_size: int) -> str | None:
+def compile_applies(hw: Machine, world_size: int) -> str | None:
     """torch.compile on a CPU builds C++."""
     if hw.device == "cpu" and not hw.cpp_compiler:
         return "torch.compile on a CPU needs a C++ compiler (none found: install g++)"
     return None
 
 
-def compile_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def compile_value(value: object, hw: Machine, world_size: int) -> str | None:
     """CUDA graphs need CUDA."""
     if value == "reduce-overhead" and hw.device != "cuda":
         return "reduce-overhead uses CUDA graphs (no CUDA GPU here)"
     return None
 
 
-def tf32_applies(hw: Hardware, world_size: int) -> str | None:
+def tf32_applies(hw: Machine, world_size: int) -> str | None:
     """TF32 needs NVIDIA GPUs of compute capability 8.0 or more."""
     if hw.device != "cuda":
         return "TF32 matmuls need an NVIDIA GPU (no CUDA GPU here)"
@@ -138,7 +169,7 @@ def tf32_applies(hw: Hardware, world_size: int) -> str | None:
     return None
 
 
-def optimizer_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def optimizer_value(value: object, hw: Machine, world_size: int) -> str | None:
     """An implementation that is torch's default here adds nothing; fused on a CPU needs 2.4."""
     if value == {"cpu": "for-loop", "cuda": "foreach"}.get(hw.device):
         return f"what torch's default already does on this device ({hw.device})"
@@ -147,14 +178,14 @@ def optimizer_value(value: object, hw: Hardware, world_size: int) -> str | None:
     return None
 
 
-def attention_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def attention_value(value: object, hw: Machine, world_size: int) -> str | None:
     """flash_attention_2 needs CUDA and the flash-attn package."""
     if value == "flash_attention_2" and (hw.device != "cuda" or not hw.flash_attn):
         return "flash_attention_2 needs a CUDA GPU and the flash-attn package"
     return None
 
 
-def threads_value(value: object, hw: Hardware, world_size: int) -> str | None:
+def threads_value(value: object, hw: Machine, world_size: int) -> str | None:
     """Intra-op threads of all ranks fit the CPU cores, and differ from torch's default."""
     if not isinstance(value, int):
         return None
