@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 
 from autotune.config.knobs import Config
 from autotune.trial.measurement import BUDGET, Measurement, Status
+from autotune.trial.protocol import WindowStats
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.budget import PredictionForm, StepPrediction
 
@@ -152,7 +153,7 @@ def of_measurement(m: Measurement, limit: int, *, number: int, baseline: bool,
         # An OOM is infeasible whatever peak was sampled before it died.
         over = float(m.peak_memory_bytes - limit)
         constraint = max(over, 1.0) if m.status == Status.OOM else over
-    rates = tuple(w["samples"] / w["seconds"] for w in m.windows)
+    rates = tuple(WindowStats(m.windows).rates)
     if m.status == Status.PRUNED:
         # Stopped for being clearly slower than the best: its windows tell the sampler how
         # much slower.
