@@ -13,7 +13,8 @@ an evaluation returns the config's measured samples/sec with noise drawn from it
 a config whose measured peak is above the replay's memory limit is an OOM. Strategies:
 
   autotune       this project's own search (staged largest-fit per precision, memory model,
-                 multivariate TPE, in-trial pruning, early stop), run through ``study.Runner``
+                 multivariate TPE, in-trial pruning, early stop): the real ``Runner``, each
+                 trial answered by the replay measurer (``autotune.testing.replay``)
   random         uniform random configs from the grid, without repeats
   tpe            plain Optuna TPE (default settings) on the same space
   largest_batch  Lightning's batch-size finder, power mode: double from the grid's smallest batch
@@ -51,10 +52,10 @@ from autotune.config.knobs import Config  # noqa: E402
 from autotune.console import QuietReporter  # noqa: E402
 from autotune.machine.hardware import detect  # noqa: E402
 from autotune.testing.hardware import fake_cpu  # noqa: E402
+from autotune.testing.replay import Grid  # noqa: E402
 from autotune.trial.launch import execute, plan  # noqa: E402
-from autotune.trial.measurement import PRUNED, Measurement, classify, median_and_cv  # noqa: E402
+from autotune.trial.measurement import Measurement, classify  # noqa: E402
 from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
-from autotune.tuner.pruning import prune_reason  # noqa: E402
 from autotune.tuner.runner import Runner, RunOptions  # noqa: E402
 from autotune.workloads import WorkloadSpec  # noqa: E402
 
@@ -165,87 +166,35 @@ def _key(config: dict[str, Any] | Config) -> tuple[Any, ...]:
     return tuple(data[k] for k in KEY)
 
 
-class Table:
-    """A measured grid as an oracle: true values, and noisy evaluations drawn from the spread."""
+class Table(Grid):
+    """A measured grid as an oracle (``autotune.testing.replay.Grid``): true values, and noisy
+    evaluations drawn from the spread, under the replay's memory limit."""
 
     def __init__(self, doc: dict[str, Any]) -> None:
-        self.doc = doc
-        self.rows = {_key(r["config"]): r for r in doc["rows"]}
         gib = GRIDS[doc["workload"]].get("replay_limit_gib")
         # Without a wall of its own, the limit autotune would use here: 80% of the free RAM.
-        self.limit = int(gib * 2**30) if gib else int(0.8 * fake_cpu().memory_available_bytes)
-        # Between-run noise: pairs of fresh-process measurements of one config.
-        logs = [math.log(a["samples_per_sec"] / r["samples_per_sec"])
-                for a in doc["repeats"] if a.get("samples_per_sec")
-                for r in [self.rows[_key(a["config"])]] if r.get("samples_per_sec")]
-        self.run_sigma = math.sqrt(statistics.fmean(x * x for x in logs) / 2) if logs else 0.02
-
-    def true(self, key: tuple[Any, ...]) -> float:
-        """The config's measured samples/sec; 0 when it failed or does not fit the limit."""
-        r = self.rows[key]
-        if r["status"] != "ok" or r["peak_memory_bytes"] > self.limit:
-            return 0.0
-        return float(r["samples_per_sec"])
-
-    @property
-    def optimum(self) -> float:
-        return max(self.true(k) for k in self.rows)
-
-    def evaluate(self, key: tuple[Any, ...], rng: random.Random,
-                 prune_below: float | None = None) -> Measurement:
-        r = self.rows[key]
-        peak = int(r["peak_memory_bytes"])
-        if r["status"] != "ok":
-            return Measurement(r["status"], r["reason"], peak_memory_bytes=peak,
-                               wall_s=r["wall_s"])
-        if peak > self.limit:
-            return Measurement("oom", f"peak {peak / 2**30:.2f} GiB above the replay limit",
-                               peak_memory_bytes=peak, wall_s=r["wall_s"])
-        run = math.exp(rng.gauss(0.0, self.run_sigma))  # this process's luck
-        cv = r["spread_cv"] or 0.0
-        rates = [r["samples_per_sec"] * run * (1.0 + rng.gauss(0.0, cv))
-                 for _ in range(max(3, len(r["window_rates"])))]
-        windows = [{"samples": x, "seconds": 1.0} for x in rates]
-        for n in range(1, len(rates) + 1):
-            why = prune_reason(rates[:n], prune_below)
-            if why:
-                return Measurement("pruned", why, windows=windows[:n], peak_memory_bytes=peak,
-                                   rough_samples_per_sec=statistics.median(rates[:n]),
-                                   ended_by=PRUNED, wall_s=r["wall_s"] * n / len(rates))
-        med, spread = median_and_cv(rates)
-        return Measurement("ok", None, samples_per_sec=med, spread_cv=spread, windows=windows,
-                           peak_memory_bytes=peak, wall_s=r["wall_s"])
-
-
-class _ReplayRunner(Runner):
-    """autotune's own search loop; each trial's process replaced by an evaluation of the table."""
-
-    def __init__(self, opts: RunOptions, table: Table, rng: random.Random,
-                 log: list[tuple[tuple[Any, ...], float | None]]) -> None:
-        self.table, self.rng, self.log = table, rng, log
-        super().__init__(opts, QuietReporter())
-
-    def measure_config(self, config: Config, workdir: Path, timeout: float,
-                       settings: MeasureSettings, prune_below: float | None = None,
-                       report: bool = True) -> Measurement:
-        m = self.table.evaluate(_key(config), self.rng, prune_below)
-        self.log.append((_key(config), m.samples_per_sec if m.ok else None))
-        return m
+        super().__init__(doc, int(gib * 2**30) if gib else
+                         int(0.8 * fake_cpu().memory_available_bytes), KEY)
 
 
 def run_autotune(table: Table, seed: int, tmp: Path) -> list[tuple[tuple[Any, ...], float | None]]:
+    """autotune's own search loop, each trial's process replaced by an evaluation of the
+    table (the replay measurer, seeded)."""
     doc = table.doc
     tmp.mkdir(parents=True, exist_ok=True)
     space = tmp / "space.yaml"
     space.write_text("knobs:\n" + "".join(
         f"  {name}: {{choices: {json.dumps(values)}}}\n" for name, values in doc["knobs"].items()))
-    log: list[tuple[tuple[Any, ...], float | None]] = []
+    # A journal file, not SQLite: the same study and decisions, without a disk commit for each
+    # of the thousands of writes a run makes (SQLite took most of the replay's time).
     opts = RunOptions(model=doc["spec"], params=dict(doc["params"]), space=str(space),
-                      storage=f"sqlite:///{tmp}/s{seed}.db", trials=BUDGET, seed=seed,
+                      storage=f"journal:///{tmp}/s{seed}.log", trials=BUDGET, seed=seed,
                       memory_limit=f"{table.limit}B", studies_dir=tmp, out_dir=tmp / f"o{seed}",
                       confirm_top=0, hardware=fake_cpu(cores=2, bf16=True), probe=False)
-    _ReplayRunner(opts, table, random.Random(seed), log).run()
-    return log
+    measure = table.measurer(seed)
+    Runner(opts, QuietReporter(), measure=measure).run()
+    return [(_key(a.config), a.answer.samples_per_sec if a.answer.ok else None)
+            for a in measure.asked]
 
 
 def run_random(table: Table, seed: int) -> list[tuple[tuple[Any, ...], float | None]]:

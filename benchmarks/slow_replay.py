@@ -51,6 +51,7 @@ import optuna  # noqa: E402
 from autotune.config.knobs import Config  # noqa: E402
 from autotune.console import QuietReporter  # noqa: E402
 from autotune.testing.hardware import fake_cpu  # noqa: E402
+from autotune.testing.replay import ReplayMeasurer  # noqa: E402
 from autotune.trial.measurement import Measurement, median_and_cv  # noqa: E402
 from autotune.trial.protocol import (  # noqa: E402
     measuring_seconds,
@@ -136,23 +137,6 @@ class SlowTable:
             timings={"warmup_s": warm, "measure_s": windows * window}), wall
 
 
-class _SlowRunner(Runner):
-    """autotune's search; each trial process replaced by the slowed table's evaluation."""
-
-    def __init__(self, opts: RunOptions, table: SlowTable, rng: random.Random,
-                 log: list[Eval]) -> None:
-        self.table, self.rng, self.log = table, rng, log
-        super().__init__(opts, QuietReporter())
-
-    def measure_config(self, config: Config, workdir: Path, timeout: float,
-                       settings: MeasureSettings, prune_below: float | None = None,
-                       report: bool = True) -> Measurement:
-        m, cost = self.table.evaluate(_key(config), settings, self.rng)
-        self.log.append((_key(config), m.samples_per_sec if m.ok else None, len(m.windows),
-                         cost))
-        return m
-
-
 def native_bf16(doc: dict[str, Any]) -> bool:
     """Whether the grid's machine computes bf16 natively, as its hardware line says: where it
     does not, autotune narrows the space to fp32 (as a run on that machine would), while the
@@ -166,15 +150,20 @@ def run_autotune(table: SlowTable, seed: int, tmp: Path, bf16: bool | None = Non
     space = tmp / "space.yaml"
     space.write_text("knobs:\n" + "".join(
         f"  {name}: {{choices: {json.dumps(values)}}}\n" for name, values in doc["knobs"].items()))
-    log: list[Eval] = []
     opts = RunOptions(model=doc["spec"], params=dict(doc["params"]), space=str(space),
-                      storage=f"sqlite:///{tmp}/s{seed}.db", trials=TRIALS, seed=seed,
+                      storage=f"journal:///{tmp}/s{seed}.log", trials=TRIALS, seed=seed,
                       memory_limit=f"{table.table.limit}B", studies_dir=tmp,
                       out_dir=tmp / f"o{seed}", confirm_top=0, trial_timeout_s=TRIAL_TIMEOUT_S,
                       hardware=fake_cpu(cores=2, bf16=native_bf16(doc) if bf16 is None else bf16),
                       probe=False)
-    _SlowRunner(opts, table, random.Random(seed), log).run()
-    return log
+    # autotune's search, each trial's process replaced by the slowed table's evaluation; what
+    # an evaluation cost is its measurement's wall time.
+    rng = random.Random(seed)
+    measure = ReplayMeasurer(lambda asked: table.evaluate(_key(asked.config), asked.settings,
+                                                          rng)[0])
+    Runner(opts, QuietReporter(), measure=measure).run()
+    return [(_key(a.config), a.answer.samples_per_sec if a.answer.ok else None,
+             len(a.answer.windows), a.answer.wall_s) for a in measure.asked]
 
 
 def _fixed_budget(table: SlowTable, keys: list[tuple[Any, ...]], rng: random.Random,

@@ -2,14 +2,25 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    import optuna
+    from click.testing import Result
+
+    from autotune.tuner.measurer import MeasureTrial
+    from autotune.tuner.reporting import Reporter, RunSummary
+    from autotune.tuner.runner import Dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
 # One probe cache for the session: the first study probes this machine, the others read it, and
@@ -31,6 +42,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # No confirmation unless a test asks for it: it re-measures the top configs several times.
 FAST = ["--window-seconds", "0.1", "--trial-seconds", "5", "--trial-timeout", "60s",
         "--confirm-top", "0"]
+# The same, for the real tuner run in-process (``replayed``); the machine is never probed there.
+REPLAYED: dict[str, Any] = {"trial_timeout_s": 60.0, "confirm_top": 0, "probe": False}
+# The storage of a study run in-process where the storage is not what is tested: a journal file
+# (in ``memdir``). A run reads and writes its study thousands of times; on SQLite that took
+# ~10 s of commits for one study here, on a journal file in memory well under one.
+JOURNAL = "journal:///study.log"
 
 EXAMPLES = ROOT / "examples"
 # The framework each example trains with (None: torch alone).
@@ -53,6 +70,42 @@ def autotune(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | 
     return subprocess.run(
         [sys.executable, "-m", entry, *args], cwd=cwd, capture_output=True, text=True,
         timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def replayed(measure: MeasureTrial, *, window_s: float = 0.1, trial_s: float = 5.0,
+             reporter: Reporter | None = None, dashboard: Dashboard | None = None,
+             **options: Any) -> tuple[RunSummary, str]:
+    """The real tuner, in-process, on a made-up 2-core CPU with native bf16 (``hardware=``
+    another), every trial answered by ``measure`` (``autotune.testing.replay``) instead of a
+    process: returns the run's summary and what `autotune run` prints outside a terminal
+    (nothing, when another ``reporter`` is given). ``options`` are RunOptions' fields;
+    ``window_s`` and ``trial_s`` its --window-seconds and --trial-seconds."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.console import ConsoleReporter
+    from autotune.testing.hardware import fake_cpu
+    from autotune.trial.spec import MeasureSettings
+    from autotune.tuner.runner import Runner, RunOptions
+
+    shown = io.StringIO()
+    opts = RunOptions(**{**REPLAYED, "hardware": fake_cpu(),
+                         "measure": MeasureSettings(min_window_s=window_s, max_seconds=trial_s),
+                         **options})
+    reporter = reporter or ConsoleReporter(Console(file=shown, highlight=False, markup=False))
+    summary = Runner(opts, reporter, dashboard, measure=measure).run()
+    return summary, shown.getvalue()
+
+
+def cli(*args: str) -> Result:
+    """An `autotune` command run in this process (typer's runner): its exit code, stdout and
+    stderr, through the same error handling as the real command (``exits.guarded``)."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    return CliRunner().invoke(app, list(args))
 
 
 def trial_processes_under(folder: Path) -> list[int]:
@@ -91,6 +144,35 @@ def postgres_url() -> str:
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture
+def memdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The test's working folder, in memory where the machine has one (tmpfs): what the
+    in-process tuner writes (its study, the profile) never waits for a disk."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        monkeypatch.chdir(tmp_path)
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="autotune-test-", dir=shm))
+    monkeypatch.chdir(folder)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def load_study(url: str = JOURNAL, name: str | None = None) -> optuna.Study:
+    """A study as stored (the only one in ``url`` unless named), through autotune's own
+    storage opening (a journal file is no URL Optuna opens by itself)."""
+    import optuna
+
+    from autotune.tuner.storage import open_storage
+
+    storage = open_storage(url)
+    return optuna.load_study(study_name=name or optuna.get_all_study_names(storage)[0],
+                             storage=storage)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the marks added here

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import Config
 from autotune.config.space import load_space, narrow
 from autotune.testing.hardware import fake_cpu
+from autotune.testing.records import CraftedStudy
 from autotune.trial.measurement import Measurement
 from autotune.trial.protocol import SPREAD_WINDOWS
 from autotune.trial.spec import MeasureSettings
@@ -30,9 +31,10 @@ from autotune.tuner.confirm_rounds import END_OF_SEARCH_S, SPREAD_ROUNDS, candid
 from autotune.tuner.confirmation import NO_WIN, Candidate, confirmation_seconds, decide, settled
 from autotune.tuner.diagnosis import MemoryWall, diagnose
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SHARE
-from autotune.tuner.record import of_slow_prediction, read_trial
+from autotune.tuner.record import Predicted, Prediction, of_prediction, read_trial
 from autotune.tuner.search import MemoryModel, Observation, staged_next
 from autotune.tuner.snapshot import StudySnapshot, larger_over_limit, read
+from autotune.workloads import WorkloadSpec
 
 GIB = 2**30
 SETTINGS = MeasureSettings()  # the defaults: 60 s of measuring, three windows of >= 1 s
@@ -109,10 +111,14 @@ def test_a_config_the_study_knows_is_too_slow_is_recorded_without_running() -> N
     assert thirty_two.too_slow is None and thirty_two.no_room is None
     assert thirty_two.settings.max_seconds == pytest.approx(MAX_BUDGET_SHARE * 180.0)
     # What the sampler and the search see of it: nothing ran, it does not fit, no memory.
-    rec = of_slow_prediction("predicted-too-slow: ...", 38.3, 32, 18 * GIB)
+    step = StepTimeModel(ZEN3).predict(Config(micro_batch_size=32))
+    assert step is not None
+    rec = of_prediction(Prediction(Predicted.TOO_SLOW, "predicted-too-slow: ...", step=step,
+                                   samples_per_step=32), 18 * GIB)
     assert rec.state == TrialState.PRUNED and rec.constraint is None
     assert rec.attrs["predicted"] and rec.attrs["predicted_kind"] == "too_slow"
-    assert rec.intermediate == (pytest.approx(32 / 38.3),)
+    assert rec.intermediate == (pytest.approx(32 / step.step_s),)
+    assert step.step_s == pytest.approx(38.3, abs=0.05)
 
 
 def test_a_slow_config_gets_the_measuring_budget_its_steps_need() -> None:
@@ -386,14 +392,16 @@ def read_facts_of_nothing() -> Any:
 
 
 def _study(trials: list[FrozenTrial], confirmation: dict[str, Any] | None) -> optuna.Study:
-    study = optuna.create_study(direction="maximize")
-    study.set_user_attr("fingerprint", {"device": "cpu"})
-    study.set_user_attr("workload", {"spec": "bert", "params": {}})
+    """A study as a run makes it, holding these trials' records (numbered in order), written
+    through the tuner's own record path (``autotune.testing.records``)."""
+    from autotune.tuner.record import write_confirmation
+
+    crafted = CraftedStudy(workload=WorkloadSpec("bert", {}), limit=18 * GIB)
+    for r in _records(trials):
+        assert crafted.measured(r.config, r.measurement, baseline=r.is_baseline) == r.number
     if confirmation is not None:
-        study.set_user_attr("confirmation", confirmation)
-    for t in trials:
-        study.add_trial(t)
-    return study
+        write_confirmation(crafted.study, confirmation)  # type: ignore[arg-type]
+    return crafted.study
 
 
 def test_no_win_beyond_noise_exports_the_baselines_settings_at_speedup_one(

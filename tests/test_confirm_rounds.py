@@ -12,8 +12,8 @@ import pytest
 
 from autotune.config.knobs import Config
 from autotune.profile.load import load_profile
-from autotune.trial.measurement import Measurement
-from autotune.trial.spec import MeasureSettings
+from autotune.testing.replay import Asked, ReplayMeasurer
+from autotune.trial.measurement import Measurement, Status
 from autotune.tuner.confirm_rounds import another_round, candidates, confirm, costs
 from autotune.tuner.confirmation import confirmation_seconds
 from autotune.tuner.export import write_profile as export
@@ -28,23 +28,18 @@ def test_another_round_runs_while_the_time_left_holds_one_at_its_measured_cost()
     assert another_round(1, 2, 3, 100.0, None) and not another_round(2, 2, 3, 100.0, None)
 
 
-def _rounds(rates: dict[int, list[float]], wall_s: float) -> Any:
-    """A measure function that returns the next of each config's ``rates`` (by micro-batch),
-    each run reporting ``wall_s`` of wall time."""
-    seen: dict[int, int] = {}
-    calls: list[int] = []
+def _rounds(rates: dict[int, list[float]], wall_s: float) -> ReplayMeasurer:
+    """A measurer that answers each config's next rate of ``rates`` (by micro-batch), each run
+    reporting ``wall_s`` of wall time."""
+    def answer(asked: Asked) -> Measurement:
+        return Measurement(Status.OK, samples_per_sec=rates[asked.config.micro_batch_size][
+            asked.nth], spread_cv=0.02, peak_memory_bytes=GIB, wall_s=wall_s)
 
-    def measure(config: Config, workdir: Path, timeout: float,
-                settings: MeasureSettings) -> Measurement:
-        micro = config.micro_batch_size
-        i = seen.get(micro, 0)
-        seen[micro] = i + 1
-        calls.append(micro)
-        return Measurement(status="ok", samples_per_sec=rates[micro][i], spread_cv=0.02,
-                           peak_memory_bytes=GIB, wall_s=wall_s)
+    return ReplayMeasurer(answer)
 
-    measure.calls = calls  # type: ignore[attr-defined]
-    return measure
+
+def _calls(measure: ReplayMeasurer) -> list[int]:
+    return [c.micro_batch_size for c in measure.configs]
 
 
 def _confirm(rates: dict[int, list[float]], wall_s: float, tmp_path: Path,
@@ -58,7 +53,7 @@ def _confirm(rates: dict[int, list[float]], wall_s: float, tmp_path: Path,
     why = confirm(study, measure, SETTINGS, limit=18 * GIB, top=3, rounds=3, headroom=0.1,
                   trial_timeout_s=600.0, deadline=deadline, out_dir=tmp_path,
                   on_round=lambda *a: None)
-    return why, study.user_attrs.get("confirmation"), measure.calls
+    return why, study.user_attrs.get("confirmation"), _calls(measure)
 
 
 def _one_round_s() -> float:
@@ -113,7 +108,7 @@ def _tie(tmp_path: Path, rates: dict[int, list[float]], left: float | None
     why = confirm(study, measure, SETTINGS, limit=18 * GIB, top=3, rounds=2, headroom=0.1,
                   trial_timeout_s=600.0, deadline=deadline, out_dir=tmp_path,
                   on_round=lambda *a: None)
-    return why, study.user_attrs.get("confirmation"), measure.calls, study
+    return why, study.user_attrs.get("confirmation"), _calls(measure), study
 
 
 def _round_s(micros: list[int]) -> float:

@@ -23,7 +23,7 @@ from autotune.report.importance import MIN_TRIALS
 from autotune.tuner import snapshot
 from autotune.tuner.confirmation import NO_WIN
 from autotune.tuner.export import build_profile
-from tests.conftest import autotune
+from tests.conftest import autotune, cli
 
 GIB = 2**30
 IMPORTANCE = PANELS.index("Parameter importance (PED-ANOVA)")
@@ -64,19 +64,28 @@ def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: P
     assert "not ranked yet: " in annotations(layout)
 
 
-def test_the_dashboard_command(tuned_mlp: Path, tmp_path: Path) -> None:
-    cwd = tuned_mlp.parents[2]  # where the study ran: studies/<study>/profile.yaml
+def test_the_dashboard_command(tuned_mlp: Path, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tuned_mlp.parents[2])  # where the study ran: studies/<study>/profile.yaml
     study = tuned_mlp.parent.name
-    out = autotune("dashboard", "--out", str(tmp_path / "d.html"), cwd=cwd)
-    assert out.returncode == 0, out.stderr
+    out = cli("dashboard", "--out", str(tmp_path / "d.html"))
+    assert out.exit_code == 0, out.stderr
     assert f"dashboard for study {study}: {tmp_path / 'd.html'}" in out.stdout
     assert all(f"<h2>{t}</h2>" in (tmp_path / "d.html").read_text() for t in PANELS)
-    out = autotune("dashboard", "--study", "nope", cwd=cwd)
-    assert out.returncode == 2 and "no study 'nope'" in out.stderr and study in out.stderr
+    out = cli("dashboard", "--study", "nope")
+    assert out.exit_code == 2 and "no study 'nope'" in out.stderr and study in out.stderr
     # No storage here: a clear error, and no empty database left behind.
-    out = autotune("dashboard", cwd=tmp_path)
-    assert out.returncode == 2 and "no study storage at studies/autotune.db" in out.stderr
+    monkeypatch.chdir(tmp_path)
+    out = cli("dashboard")
+    assert out.exit_code == 2 and "no study storage at studies/autotune.db" in out.stderr
     assert not (tmp_path / "studies").exists()
+
+
+def test_the_real_dashboard_command_says_a_missing_study_in_one_line(tuned_mlp: Path) -> None:
+    """The same error through the real command in its own process: one line, exit 2."""
+    out = autotune("dashboard", "--study", "nope", cwd=tuned_mlp.parents[2])
+    assert out.returncode == 2 and "no study 'nope'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -157,9 +166,11 @@ def test_the_live_dashboard_answers_on_localhost_then_stops(tmp_path: Path) -> N
         proc.wait()
 
 
-def test_studies_lists_trials_best_and_speedup(tuned_mlp: Path) -> None:
-    out = autotune("studies", cwd=tuned_mlp.parents[2])
-    assert out.returncode == 0, out.stderr
+def test_studies_lists_trials_best_and_speedup(tuned_mlp: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tuned_mlp.parents[2])
+    out = cli("studies")
+    assert out.exit_code == 0, out.stderr
     header, row = out.stdout.splitlines()[:2]
     assert header.split()[:4] == ["study", "trials", "best", "samples/s"]
     assert row.split()[0] == tuned_mlp.parent.name and row.split()[1] == "3"
@@ -178,14 +189,14 @@ def test_png_panels(tuned_mlp: Path, tmp_path: Path) -> None:
                for p in images)
 
 
-def test_png_without_kaleido_is_one_clear_line(tuned_mlp: Path, tmp_path: Path) -> None:
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "kaleido.py").write_text("raise ImportError('kaleido is not installed')\n")
-    root = Path(__file__).parents[1]
-    out = autotune("dashboard", "--png", "--out", str(tmp_path / "d.html"),
-                   cwd=tuned_mlp.parents[2], env={"PYTHONPATH": f"{fake}:{root}"})
-    assert out.returncode == 2 and "--png needs kaleido" in out.stderr, out.stderr
+def test_png_without_kaleido_is_one_clear_line(tuned_mlp: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kaleido", None)  # `import kaleido` fails, as uninstalled
+    monkeypatch.chdir(tuned_mlp.parents[2])
+    out = cli("dashboard", "--png", "--out", str(tmp_path / "d.html"))
+    assert out.exit_code == 2 and "--png needs kaleido" in out.stderr, out.stderr
     assert (tmp_path / "d.html").exists()  # the HTML dashboard is written all the same
 
 

@@ -3,6 +3,7 @@ the open-ended micro-batch of the default space."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -305,27 +306,33 @@ def test_a_line_whose_largest_batch_was_pruned_is_not_doubled_again() -> None:
     assert p is not None and (p.config.amp, p.config.micro_batch_size) == ("off", 64)
 
 
-def test_a_study_follows_the_incumbents_diagnosis_and_records_why(tmp_path) -> None:  # noqa: ANN001
-    """A real study of an input-bound workload: with nothing to stage in micro-batch or
-    precision, the diagnosis proposes loader workers, and each trial keeps why."""
-    import optuna
+def test_a_study_follows_the_incumbents_diagnosis_and_records_why(memdir: Path) -> None:
+    """A study of an input-bound workload (the real tuner, in-process, its trials replayed):
+    with nothing to stage in micro-batch or precision, the diagnosis proposes loader workers,
+    and each trial keeps why."""
+    from autotune.testing.replay import Asked, ReplayMeasurer, Row
+    from tests.conftest import JOURNAL, load_study, replayed
 
-    from tests.conftest import FAST, autotune
+    def slowdata(asked: Asked) -> Row:
+        # Without loader workers the step waits for data 72% of its time; with them it hardly
+        # does, and is faster.
+        waits = asked.config.num_workers == 0
+        return Row(100.0 if waits else 300.0,
+                   extra={"breakdown": {"data_wait": 0.72 if waits else 0.05,
+                                        "compute": 0.28 if waits else 0.95}})
 
-    (tmp_path / "space.yaml").write_text(
+    (memdir / "space.yaml").write_text(
         "knobs:\n  num_workers: {choices: [0, 1, 2]}\n  prefetch_factor: {choices: [2, 4]}\n")
-    out = autotune("run", "--model", "autotune.testing.workloads:slowdata", "--space",
-                   "space.yaml", "--trials", "2", "--study", "led", "--patience", "0", *FAST,
-                   cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    study = optuna.load_study(study_name="led", storage="sqlite:///studies/autotune.db"
-                              .replace("studies/", f"{tmp_path}/studies/"))
-    second = read_trial(study.trials[1])
+    measure = ReplayMeasurer(slowdata)
+    _, out = replayed(measure, model="autotune.testing.workloads:slowdata", space="space.yaml",
+                      trials=2, study_name="led", patience=None, storage=JOURNAL)
+    second = read_trial(load_study(JOURNAL, "led").trials[1])
     assert second is not None and second.stage is not None
     assert second.stage.startswith("diagnosis: input-bound at "), second
     assert second.stage.endswith("data wait -> num_workers 1")
     assert second.config.num_workers == 1
-    assert "input-bound at" in out.stdout and "-> num_workers 1" in out.stdout
+    assert [a.config.num_workers for a in measure.asked] == [0, 1]
+    assert "input-bound at" in out and "-> num_workers 1" in out
 
 
 def test_a_line_fastest_at_its_smallest_batch_steps_down() -> None:

@@ -1,4 +1,5 @@
-"""Whole studies with real trial processes and real SQLite storage (PostgreSQL: test_fleet)."""
+"""Whole studies with real trial processes and real SQLite storage (PostgreSQL: test_fleet), and
+what the tuner decides about them (budgets, resuming), the tuner in-process."""
 
 from __future__ import annotations
 
@@ -23,16 +24,19 @@ from autotune.errors import UsageError
 from autotune.machine.hardware import CPU_IDENTITY, Hardware
 from autotune.profile import FingerprintWarning, load_profile
 from autotune.testing.hardware import fake_cpu
+from autotune.testing.replay import Asked, ReplayMeasurer, Row
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import snapshot
 from autotune.tuner.identity import Identity, open_study
 from autotune.tuner.record import TrialRecord, read_trials
 from autotune.tuner.runner import Runner, RunOptions
 from autotune.workloads import WorkloadSpec
-from tests.conftest import FAST, ROOT, autotune
+from tests.conftest import FAST, JOURNAL, ROOT, autotune, load_study, replayed
 
 DB = "sqlite:///study.db"
-pytestmark = pytest.mark.slow  # whole studies: real trial processes, seconds each
+# Whole studies with real trial processes (seconds each) are marked slow; the tests of what the
+# tuner decides run it in-process, its trials replayed (``autotune.testing.replay``).
+SLOW = pytest.mark.slow
 
 
 def load(url: str, name: str | None = None) -> optuna.Study:
@@ -46,6 +50,7 @@ def stored(study: optuna.Study, r: TrialRecord) -> optuna.trial.FrozenTrial:
     return study.trials[r.number]
 
 
+@SLOW
 def test_small_study_end_to_end(workdir: Path) -> None:
     result = autotune("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST,
                       cwd=workdir)
@@ -76,17 +81,28 @@ def test_small_study_end_to_end(workdir: Path) -> None:
     assert (workdir / "studies" / study.study_name / "trials" / "0000" / "result.json").exists()
 
 
-def test_same_command_again_resumes_and_adds_no_trial(workdir: Path) -> None:
-    args = ("run", "--model", "mlp", "--trials", "2", "--storage", DB, "--out", "results", *FAST)
-    assert autotune(*args, cwd=workdir).returncode == 0
-    assert load_profile(workdir / "results" / "profile.yaml").provenance["trials"] == 2
-    assert (workdir / "results" / "trials" / "0001" / "stderr.log").exists()
-    assert not (workdir / "studies").exists()  # --out moved the outputs; the storage is explicit
-    again = autotune(*args, cwd=workdir)
-    assert again.returncode == 0 and "resuming     2 trial(s) already measured" in again.stdout
+def test_same_command_again_resumes_and_adds_no_trial(memdir: Path) -> None:
+    """The real tuner in-process on real SQLite, its trials replayed: run twice, the second
+    resumes with what the first measured and measures nothing."""
+    def run() -> tuple[ReplayMeasurer, str]:
+        measure = ReplayMeasurer(lambda asked: Row(1000.0 + asked.config.samples_per_step))
+        _, out = replayed(measure, model="mlp", trials=2, storage=DB,
+                          out_dir=Path("results"))
+        return measure, out
+
+    first, _ = run()
+    assert load_profile(memdir / "results" / "profile.yaml",
+                        check_fingerprint=False).provenance["trials"] == 2
+    # Each trial's outputs go under --out (its process writes its logs there).
+    assert [a.workdir for a in first.asked] == [Path("results", "trials", f"{n:04d}")
+                                                for n in range(2)]
+    assert not (memdir / "studies").exists()  # --out moved the outputs; the storage is explicit
+    again, out = run()
+    assert again.asked == [] and "resuming     2 trial(s) already measured" in out
     assert len(read_trials(load(DB))) == 2
 
 
+@SLOW
 def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir: Path) -> None:
     # memhog holds 128 MiB per sample: the baseline's batch of 4 passes the 700 MiB limit and
     # runs first; batch 1 (~0.5 GiB with torch itself) fits and runs after it.
@@ -109,6 +125,7 @@ def test_memory_limit_below_the_need_is_infeasible_and_the_study_goes_on(workdir
         load(DB).study_name, "profile.yaml").read_text()
 
 
+@SLOW
 def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Path) -> None:
     (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [64]}\n")
     opts = RunOptions(model="autotune.testing.workloads:memhog",
@@ -122,6 +139,7 @@ def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Pa
     assert summary.best is not None and summary.best.config.micro_batch_size == 4
 
 
+@SLOW
 @pytest.mark.serial  # a wall-time budget: other tests beside it would eat into it
 def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     start = time.monotonic()
@@ -148,31 +166,47 @@ def test_timeout_holds_including_the_running_trial(workdir: Path) -> None:
     assert timed_out.state == TrialState.PRUNED and timed_out.status == "timeout"
 
 
+def _slow_steps(step_s: float, exponent: float, startup_s: float = 1.5) -> ReplayMeasurer:
+    """The ``slow`` workload's trials, replayed: each micro-batch takes ``step_s x (batch / 4)
+    ** exponent`` seconds; a trial starts in ``startup_s``, warms up for three steps and
+    measures three windows of at least a step."""
+    def row(asked: Asked) -> Row:
+        c, window = asked.config, asked.settings.min_window_s
+        step = c.grad_accum_steps * step_s * (c.micro_batch_size / 4) ** exponent
+        warmup, measure = 3 * step, 3 * max(step, window)
+        return Row(c.samples_per_step / step, wall_s=startup_s + warmup + measure,
+                   extra={"timings": {"warmup_s": warmup, "measure_s": measure}})
+
+    return ReplayMeasurer(row)
+
+
 def test_long_steps_get_their_budget_and_a_known_too_slow_config_never_starts(
-        workdir: Path) -> None:
-    # Steps sleep 0.25 s per 4 samples: 4 -> 0.25 s, 16 -> 1 s, 64 -> 4 s. Measuring 16 needs
+        memdir: Path) -> None:
+    # Steps take 0.25 s per 4 samples: 4 -> 0.25 s, 16 -> 1 s, 64 -> 4 s. Measuring 16 needs
     # more than the 2 s --trial-seconds: the step-time model, scaled from the baseline, gives
     # it that. 64 needs ~13 s of warm-up and two one-step windows even at the prediction's
     # lower end (4 s less 30%); a 12 s trial timeout (at most 80% of it to measure) cannot
     # hold it, and the fit on 4 and 16 says so before anything starts. (With 20 s, 64 fit
-    # once warm-up's last step became the first window: the test's premise, not a bug.)
-    (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [4, 16, 64]}\n")
-    result = autotune("run", "--model", "autotune.testing.workloads:slow",
-                      "--param", "step_s=0.25", "--param", "exponent=1", "--space", "space.yaml",
-                      "--trials", "3", "--trial-seconds", "2", "--window-seconds", "0.2",
-                      "--trial-timeout", "12s", "--confirm-top", "0", "--storage", DB,
-                      cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    trials = read_trials(load(DB))
+    # once warm-up's last step became the first window: the test's premise, not a bug.) The
+    # real tuner runs in-process, its trials replayed: what is tested is what it decides.
+    (memdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [4, 16, 64]}\n")
+    measure = _slow_steps(0.25, 1.0)
+    _, out = replayed(measure, model="autotune.testing.workloads:slow",
+                      params={"step_s": 0.25, "exponent": 1}, space="space.yaml", trials=3,
+                      window_s=0.2, trial_s=2.0, trial_timeout_s=12.0, storage=JOURNAL)
+    trials = read_trials(load_study(JOURNAL))
     by_micro = {t.params["micro_batch_size"]: t for t in trials if t.reused_from is None}
     base, sixteen = by_micro[4], by_micro[16]
     assert base.status == "ok" and base.budget == {}
     assert sixteen.status == "ok"
     assert sixteen.budget["max_seconds"] > 2.0
-    # What its budget is for: three windows, never more; on a loaded machine a slow warm-up
-    # may leave room for only two within the same seconds (still a result).
-    assert 2 <= len(sixteen.measurement.windows) <= 3
+    # What its budget is for: three windows, never more; the trial was asked for exactly that.
     assert sixteen.budget["max_windows"] == 3
+    (asked,) = measure.of(sixteen.config)
+    assert asked.settings.max_windows == 3
+    assert asked.settings.max_seconds == pytest.approx(sixteen.budget["max_seconds"])
+    assert measure.of(base.config)[0].settings == MeasureSettings(min_window_s=0.2,
+                                                                  max_seconds=2.0)
     forecast = sixteen.forecast.step
     assert forecast is not None
     assert forecast.fitted is False and forecast.step_s == pytest.approx(1.0, rel=0.3)
@@ -180,18 +214,23 @@ def test_long_steps_get_their_budget_and_a_known_too_slow_config_never_starts(
     assert slow.predicted and slow.predicted_kind == "too_slow"
     assert (slow.reason or "").startswith("predicted-too-slow: ~")
     assert slow.state == TrialState.PRUNED
-    assert not (workdir / "studies").exists() or not any(
-        (workdir / "studies").glob(f"*/trials/{slow.number:04d}"))  # nothing ran
-    assert "predicted too slow" in result.stdout
-    assert "(predicted 1" in result.stdout  # predicted beside measured, per trial
+    assert measure.of(slow.config) == []  # nothing ran
+    assert "predicted too slow" in out
+    assert "(predicted 1" in out  # predicted beside measured, per trial
 
 
-def test_resuming_keeps_the_memory_limit(workdir: Path) -> None:
-    args = ("run", "--model", "mlp", "--trials", "1", "--storage", DB, *FAST)
-    assert autotune(*args, "--memory-limit", "0.5", cwd=workdir).returncode == 0
-    assert autotune(*args, "--memory-limit", "0.5", cwd=workdir).returncode == 0  # same flag
-    other = autotune(*args, "--memory-limit", "2GiB", cwd=workdir)
-    assert other.returncode == 2 and "was tuned with --memory-limit" in other.stderr
+def test_resuming_keeps_the_memory_limit(memdir: Path) -> None:
+    """The resume guard, in-process (the study in a journal file, its trials replayed): the
+    same flag resumes, another limit is refused in one line (a UsageError: exit 2)."""
+    def run(limit: str) -> None:
+        replayed(ReplayMeasurer(lambda asked: Row(1000.0)), model="mlp", trials=1,
+                 memory_limit=limit, storage=JOURNAL)
+
+    run("0.5")
+    run("0.5")  # the same flag
+    with pytest.raises(UsageError, match="was tuned with --memory-limit") as refused:
+        run("2GiB")
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
 
 
 def _wait_for(predicate, timeout: float = 120) -> None:
@@ -234,6 +273,7 @@ def _measuring_after(n: int, tuner: subprocess.Popen[str]):
     return check
 
 
+@SLOW
 def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     args = ("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST)
     tuner = _start(workdir, *args)
@@ -261,6 +301,7 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     assert not any(t.state == TrialState.RUNNING for t in study.trials)
 
 
+@SLOW
 def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
     # --patience 0: no early stop, so the study is still running whenever Ctrl-C comes.
     args = ("run", "--model", "mlp", "--trials", "20", "--patience", "0", "--storage", DB,

@@ -1,6 +1,6 @@
-"""A profile is data: what it carries into a process is only what autotune tunes. The attacks are
-run for real (a shell evaluates the output, a command is launched) and the marker file they
-would create must not appear."""
+"""Untrusted input: study names, stored studies, what a trial's processes and the disk do behind
+the tuner's back, a loss that goes NaN, bad flags and files. Hostile profiles:
+test_hostile_profiles."""
 
 from __future__ import annotations
 
@@ -10,85 +10,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import optuna
 import pytest
+import yaml
 
-from autotune.errors import ProfileError
-from tests.conftest import autotune
+from tests.conftest import ROOT, autotune, cli
 from tests.test_profile import make
-
-
-def hostile(tmp_path: Path, env: dict[str, str]) -> Path:
-    path = tmp_path / "hostile.yaml"
-    replace(make(), env=env).save(path)
-    return path
-
-
-@pytest.mark.parametrize("name", ["X=1;touch {marker};Y", "$(touch {marker})",
-                                  "`touch {marker}`"])
-def test_profile_env_never_prints_a_name_a_shell_would_run(tmp_path: Path, name: str) -> None:
-    marker = tmp_path / "ran"
-    path = hostile(tmp_path, {name.format(marker=marker): "1"})
-    out = autotune("profile", "env", str(path), cwd=tmp_path)
-    assert out.returncode != 0 and "export" not in out.stdout
-    assert "autotune applies only the variables it tunes" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
-    # What the README shows, evaluated by a real shell: nothing runs.
-    subprocess.run(["bash", "-c", f'eval "$({_cli()} profile env {path})"'], cwd=tmp_path,
-                   capture_output=True, env={**os.environ, "PYTHONPATH": str(_root())})
-    assert not marker.exists()
-
-
-def test_launch_refuses_variables_that_run_code(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
-    script = tmp_path / "evil.sh"
-    script.write_text(f"touch {marker}\n")
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    torchrun = fake_bin / "torchrun"
-    torchrun.write_text(f"#!/bin/sh\ntouch {marker}\n")
-    torchrun.chmod(0o755)
-    for env in ({"BASH_ENV": str(script)}, {"PATH": f"{fake_bin}:/usr/bin:/bin"},
-                {"PYTHONPATH": str(tmp_path)}, {"LD_PRELOAD": str(tmp_path / "x.so")},
-                {"NCCL_ALGO": "Tree", "BASH_ENV": str(script)}):
-        (tmp_path / "sitecustomize.py").write_text(
-            f"open({str(marker)!r}, 'w').close()\n")
-        path = hostile(tmp_path, env)
-        for command in (["bash", "-c", "true"], ["torchrun"], ["python3", "-c", "pass"]):
-            out = autotune("launch", str(path), "--", *command, cwd=tmp_path)
-            assert out.returncode != 0, (env, command, out.stdout)
-            assert "autotune applies only the variables it tunes" in out.stderr
-            assert not marker.exists(), (env, command)
-
-
-def test_apply_env_refuses_and_leaves_the_environment_alone() -> None:
-    environ = {"PATH": "/usr/bin"}
-    profile = replace(make(), env={"NCCL_ALGO": "Tree", "LD_PRELOAD": "/tmp/x.so"})
-    with pytest.raises(ProfileError, match="'LD_PRELOAD': autotune applies only"):
-        profile.apply_env(environ)
-    assert environ == {"PATH": "/usr/bin"}
-    # What autotune tunes is applied as before.
-    assert replace(make(), env={"NCCL_ALGO": "Tree"}).apply_env(environ) == {"NCCL_ALGO": "Tree"}
-    assert environ["NCCL_ALGO"] == "Tree"
-
-
-def test_profile_show_marks_what_would_not_be_applied(tmp_path: Path) -> None:
-    path = hostile(tmp_path, {"NCCL_PROTO": "LL", "LD_PRELOAD": "/tmp/x.so"})
-    out = autotune("profile", "show", str(path), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("env ")]
-    assert lines[0] == "env        NCCL_PROTO=LL"
-    assert lines[1].startswith("env        NOT APPLIED") and "LD_PRELOAD=/tmp/x.so" in lines[1]
-
-
-def _root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
-def _cli() -> str:
-    import shlex
-    import sys
-
-    return f"{shlex.quote(sys.executable)} -m autotune"
 
 
 def test_a_password_in_the_query_is_redacted_like_one_in_the_credentials() -> None:
@@ -127,45 +54,36 @@ def test_the_readmes_postgresql_url_form_opens_the_real_server(postgres_url: str
     optuna.delete_study(study_name=name, storage=postgres_url)
 
 
-def test_profile_check_runs_only_built_in_workloads_unless_told(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
-    evil = replace(make(), workload={"name": "system", "spec": "os:system",
-                                     "params": {"command": f"touch {marker}"}},
-                   result={**make().result, "memory_limit_bytes": 8 * 2**30})
-    path = tmp_path / "evil.yaml"
-    evil.save(path)
-    out = autotune("profile", "check", str(path), "--rounds", "1", cwd=tmp_path)
-    assert out.returncode == 2 and not marker.exists()
-    assert "not built in" in out.stderr and "--allow-workload os:system" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
-    # Even when allowed by name, a spec must name a workload builder, not any callable.
-    out = autotune("profile", "check", str(path), "--rounds", "1", "--allow-workload",
-                   "os:system", "--trial-timeout", "60s", cwd=tmp_path)
-    assert out.returncode != 0 and not marker.exists()
-    assert "is not a workload builder" in out.stdout + out.stderr
-
-
-def test_a_workload_spec_must_name_a_builder_not_any_callable() -> None:
-    from autotune.errors import WorkloadError
-    from autotune.workloads import resolve
-
-    for spec, params in (("os:system", {"command": "true"}), ("subprocess:run", {"args": "true"}),
-                         ("shutil:rmtree", {"path": "/nonexistent"})):
-        with pytest.raises(WorkloadError, match="is not a workload builder"):
-            resolve(spec, params)
-    assert resolve("autotune.testing.workloads:tiny").default_micro_batch == 4
-
-
 @pytest.mark.parametrize("name", ["../escaped", "a/b", "/tmp/abs", "..", ".hidden"])
-def test_a_study_name_cannot_put_outputs_outside_studies(tmp_path: Path, name: str) -> None:
-    out = autotune("run", "--model", "mlp", "--trials", "1", "--study", name,
+def test_a_study_name_cannot_put_outputs_outside_studies(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         name: str) -> None:
+    from autotune.console import QuietReporter
+    from autotune.errors import UsageError
+    from autotune.testing.hardware import fake_cpu
+    from autotune.tuner.runner import Runner, RunOptions
+
+    monkeypatch.chdir(tmp_path)
+    opts = RunOptions(model="mlp", trials=1, study_name=name, storage="sqlite:///s.db",
+                      hardware=fake_cpu(), probe=False)
+    with pytest.raises(UsageError, match="cannot name a folder under studies") as refused:
+        Runner(opts, QuietReporter())
+    assert refused.value.exit_code == 2
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "studies").exists()
+    assert not (tmp_path / "s.db").exists()  # refused before the storage was opened
+
+
+def test_the_real_cli_refuses_a_study_name_outside_studies_in_one_line(tmp_path: Path) -> None:
+    out = autotune("run", "--model", "mlp", "--trials", "1", "--study", "../escaped",
                    "--storage", "sqlite:///s.db", cwd=tmp_path)
     assert out.returncode == 2, out.stdout
     assert "cannot name a folder under studies" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "studies").exists()
 
 
-def test_a_stored_study_name_cannot_steer_the_dashboard_outside_studies(tmp_path: Path) -> None:
+def test_a_stored_study_name_cannot_steer_the_dashboard_outside_studies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A shared database may hold any study name: writing its dashboard by default must not
     follow it out of studies/."""
     import optuna
@@ -173,8 +91,9 @@ def test_a_stored_study_name_cannot_steer_the_dashboard_outside_studies(tmp_path
     optuna.create_study(study_name="../../escaped", storage=f"sqlite:///{tmp_path}/s.db")
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
-    out = autotune("dashboard", "--storage", f"sqlite:///{tmp_path}/s.db", cwd=work)
-    assert out.returncode == 2 and "cannot name a folder under studies" in out.stderr
+    monkeypatch.chdir(work)
+    out = cli("dashboard", "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert out.exit_code == 2 and "cannot name a folder under studies" in out.stderr
     assert not (tmp_path / "escaped").exists()
 
 
@@ -191,30 +110,13 @@ def test_default_study_names_are_folder_names_whatever_the_workload_calls_itself
     assert default_name("bert", WorkloadSpec("bert", {}), space, hw).startswith("bert-default-")
 
 
-def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
-    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
-    for i, name in enumerate("bcdefghi"):
-        prev = "abcdefghi"[i]
-        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
-    path = tmp_path / "bomb.yaml"
-    path.write_text("schema: autotune.profile/v1\n" + "\n".join(levels) + "\n")
-    assert path.stat().st_size < 1000
-    out = autotune("profile", "show", str(path), cwd=tmp_path, timeout=120)
-    assert out.returncode == 2 and len(out.stdout) < 1000
-    assert "expands to more than 200000 values" in out.stderr
-    big = tmp_path / "big.yaml"
-    big.write_text("x: " + "y" * (5 * 2**20))
-    out = autotune("profile", "show", str(big), cwd=tmp_path)
-    assert out.returncode == 2 and "more than a profile's" in out.stderr
-
-
 def _live(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
     import re
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--live", *flags],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(_root())})
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     line = proc.stdout.readline() if proc.stdout else ""
     match = re.search(r"http://127\.0\.0\.1:(\d+)/dashboard/", line)
     assert match, line + (proc.stderr.read() if proc.stderr else "")
@@ -261,25 +163,49 @@ def test_the_live_dashboard_is_read_only_and_answers_only_its_own_host(tmp_path:
         proc.wait()
 
 
-def test_a_config_whose_loss_goes_nan_is_diverged_and_never_wins(tmp_path: Path) -> None:
-    """Micro-batch 8 is twice as fast as 4 and its loss is NaN: it must not be the winner."""
-    import optuna
-    import yaml
+def test_a_config_whose_loss_goes_nan_is_diverged_and_never_wins(memdir: Path) -> None:
+    """Micro-batch 8 is twice as fast as 4 and its loss is NaN: it must not be the winner. The
+    real tuner in-process, the trials replayed (the diverged one as its process reports it:
+    the next test runs that process)."""
+    from autotune.testing.replay import Asked, ReplayMeasurer, Row
+    from autotune.trial.measurement import Measurement, Status
+    from autotune.tuner.record import read_trial
+    from tests.conftest import JOURNAL, load_study, replayed
 
-    (tmp_path / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [4, 8]}\n")
-    out = autotune("run", "--model", "autotune.testing.workloads:diverge", "--space",
-                   "space.yaml", "--trials", "2", "--trial-seconds", "3", "--window-seconds",
-                   "0.2", "--confirm-top", "0", "--storage", "sqlite:///s.db", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    url = f"sqlite:///{tmp_path}/s.db"
-    study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+    nan = "the loss was NaN or infinite in 2 micro-step(s) by the end of window 1"
+
+    def diverge(asked: Asked) -> Row | Measurement:
+        if asked.config.micro_batch_size < 8:
+            return Row(100.0)
+        return Measurement(Status.DIVERGED, nan, samples_per_sec=200.0,
+                           windows=[{"samples": 200, "seconds": 1.0}])
+
+    (memdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [4, 8]}\n")
+    _, out = replayed(ReplayMeasurer(diverge), model="autotune.testing.workloads:diverge",
+                      space="space.yaml", trials=2, window_s=0.2, trial_s=3.0, storage=JOURNAL)
+    study = load_study(JOURNAL)
     by_micro = {t.params["micro_batch_size"]: t for t in study.trials}
-    bad = by_micro[8].user_attrs
-    assert bad["status"] == "diverged" and "NaN or infinite" in bad["reason"]
+    bad = read_trial(by_micro[8])
+    assert bad is not None and bad.status == "diverged" and "NaN or infinite" in (bad.reason or "")
     assert by_micro[8].state == optuna.trial.TrialState.PRUNED
-    profile = yaml.safe_load(next(tmp_path.glob("studies/*/profile.yaml")).read_text())
+    profile = yaml.safe_load(next(memdir.glob("studies/*/profile.yaml")).read_text())
     assert profile["config"]["micro_batch_size"] == 4
-    assert "diverged: the loss was NaN or infinite" in out.stdout
+    assert "diverged: the loss was NaN or infinite" in out
+
+
+def test_a_trial_whose_loss_goes_nan_ends_diverged(tmp_path: Path) -> None:
+    """The trial's own process: a loss that goes NaN ends it as diverged, with why."""
+    from autotune.config.knobs import Config
+    from autotune.trial.launch import execute, plan
+    from autotune.trial.measurement import classify
+    from autotune.trial.spec import MeasureSettings, TrialSpec
+    from autotune.workloads import WorkloadSpec
+
+    spec = TrialSpec(WorkloadSpec("autotune.testing.workloads:diverge", {}),
+                     Config(micro_batch_size=8), "cpu",
+                     MeasureSettings(min_window_s=0.2, max_seconds=3.0))
+    m = classify(execute(plan(spec, workdir=tmp_path / "t", timeout_s=120)))
+    assert m.status == "diverged" and "NaN or infinite" in (m.reason or ""), m.stderr_tail
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -354,7 +280,9 @@ def test_lock_files_never_follow_a_symlink_to_someone_elses_file(
         fleet.lock_dir()
 
 
-def test_bad_inputs_are_one_line_errors_not_internal_ones(tmp_path: Path) -> None:
+def test_bad_inputs_are_one_line_errors_not_internal_ones(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "bin.yaml").write_bytes(bytes(range(256)) * 2)
     bad_profile = replace(make(), confirmation=None)
     data = bad_profile.to_dict()
@@ -367,19 +295,37 @@ def test_bad_inputs_are_one_line_errors_not_internal_ones(tmp_path: Path) -> Non
             (("run", "--model", "mlp", "--memory-limit", "1e400", "--trials", "1"),
              "--memory-limit must be a size"),
             (("profile", "show", "p.yaml"), "has a confirmation that is not a mapping")):
-        out = autotune(*args, cwd=tmp_path)
-        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        out = cli(*args)
+        assert out.exit_code == 2, (args, out.stdout, out.stderr)
         assert needle in out.stderr and "internal error" not in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def test_a_usage_error_from_the_parser_is_one_line(tmp_path: Path) -> None:
-    for args, needle in ((("run", "--trials", "x"), "Invalid value for '--trials'"),
-                         (("run", "--no-such-flag"), "No such option: --no-such-flag")):
-        out = autotune(*args, cwd=tmp_path)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-        assert out.stderr.startswith("autotune: error: ") and needle in out.stderr
-        assert "autotune run --help" in out.stderr and "╭" not in out.stderr
+PARSER_ERRORS = ((("run", "--trials", "x"), "Invalid value for '--trials'"),
+                 (("run", "--no-such-flag"), "No such option: --no-such-flag"))
+
+
+def test_a_usage_error_from_the_parser_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The console script's entry point (``cli.main``), in this process."""
+    from autotune.cli import main
+
+    for args, needle in PARSER_ERRORS:
+        monkeypatch.setattr(sys, "argv", ["autotune", *args])
+        with pytest.raises(SystemExit) as ended:
+            main()
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith("autotune: error: ") and needle in err
+        assert "autotune run --help" in err and "╭" not in err
+
+
+def test_the_real_cli_says_a_parser_error_in_one_line(tmp_path: Path) -> None:
+    args, needle = PARSER_ERRORS[1]
+    out = autotune(*args, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("autotune: error: ") and needle in out.stderr
+    assert "autotune run --help" in out.stderr and "╭" not in out.stderr
 
 
 def test_a_trial_whose_folder_is_deleted_fails_alone_and_the_run_goes_on(tmp_path: Path) -> None:
