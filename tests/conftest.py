@@ -189,6 +189,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multi_gpu" in item.keywords and count < 2:
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
+    items.sort(key=_start_order)
+
+
+def _start_order(item: pytest.Item) -> int:
+    """The order tests start in (stable within each group): real processes first, the quick
+    tests after them, the shared tuned study's last. Two at a time (worksteal), the pass then
+    ends on quick tests instead of one worker finishing a minute-long test alone, and no worker
+    waits for the tuned study, which tunes in the background from the start."""
+    if "tuned_mlp" in getattr(item, "fixturenames", ()):
+        return 2
+    return 0 if "slow" in item.keywords else 1
 
 
 TUNE = ["run", "--model", "mlp", "--trials", "3", "--trial-seconds", "6", "--window-seconds",
