@@ -27,7 +27,7 @@ lint: setup
 
 # Two test runs: most tests two at a time, then the few `serial` ones alone, whose wall-time
 # bounds need the machine to themselves. Both always run, and share one probe cache (the
-# machine is probed once). The slowest tests are listed at the end: CI's goal is 15 minutes.
+# machine is probed once). The slowest tests are listed at the end: CI's goal is 10 minutes.
 test: setup lint
 	rc=0; export AUTOTUNE_CACHE_DIR="$${AUTOTUNE_CACHE_DIR:-$$(mktemp -d)}"; \
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15 \
