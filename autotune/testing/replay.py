@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from autotune.config.knobs import Config
 from autotune.trial.measurement import PRUNED, Measurement, Status, median_and_cv
+from autotune.trial.protocol import WindowStats
 from autotune.trial.result import Window
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.pruning import prune_reason
@@ -133,10 +134,11 @@ class ReplayMeasurer:
             self.rng, prune_below, limit=self.limit, run_sigma=self.run_sigma)
         self.asked.append(replace(asked, measurement=m))
         if on_event is not None:
-            for i, w in enumerate(m.windows):
+            for i, (w, rate) in enumerate(zip(m.windows, WindowStats(m.windows).rates,
+                                              strict=True)):
                 on_event({"event": "window", "t": time.time(), "index": i,
                           "samples": w["samples"], "seconds": w["seconds"],
-                          "samples_per_sec": w["samples"] / w["seconds"]})
+                          "samples_per_sec": rate})
         return m
 
     def _answer(self, asked: Asked) -> Answer:

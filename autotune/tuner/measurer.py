@@ -67,7 +67,7 @@ class Measurer:
     address_space_bytes: int | None = None
     command: Command | None = None  # the user's script, run as each trial (autotune run -- CMD)
     probe: ProbeDoc | None = None  # the probe's summary, once the run has read it
-    held: record.DevicesHeld = field(default_factory=lambda: record.DevicesHeld())  # last trial's
+    held: record.DevicesHeld = field(default_factory=record.DevicesHeld)  # the last trial's
     executor: Executor | None = None  # a cluster engine (``trial.executors``); None: here
     slot: int = 0  # which of the executor's node sets this measurer's trials take
     interrupt: threading.Event | None = None  # set: end the trial as Ctrl-C would (threads)
