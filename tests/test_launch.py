@@ -213,7 +213,8 @@ def test_a_config_that_cannot_be_measured_before_its_timeout_stops_itself(
     m = classify(raw)
     assert m.status == "timeout" and "would not end before the trial timeout" in (m.reason or "")
     # Read as the timeout would have ended it: where the run's --timeout set that timeout,
-    # the tuner takes it for no verdict on the config (``tuner.trials``, ``tuner.confirm``).
+    # the tuner takes it for no verdict on the config (``tuner.trial_steps``,
+    # ``tuner.confirm_rounds``).
     assert m.ended_by == TRIAL_TIMEOUT
     assert m.rough_samples_per_sec is not None and 0 < m.rough_samples_per_sec <= 4 / 3 * 1.02
 

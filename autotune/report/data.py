@@ -1,5 +1,5 @@
 """What the dashboard draws, read from the study in one place: ``gather`` takes the study's
-snapshot (``tuner.snapshot``) and the figures the exported profile states (``tuner.results``)
+snapshot (``tuner.snapshot``) and the figures the exported profile states (``tuner.export``)
 and returns one typed ``DashboardData``. Everything that draws takes that value; nothing else
 in the report reads the study.
 """

@@ -1,6 +1,6 @@
 """The confirmation's decision, and the document it leaves on the study.
 
-The top configs and the baseline are measured again in interleaved rounds (``tuner.confirm``
+The top configs and the baseline are measured again in interleaved rounds (``tuner.confirm_rounds``
 runs them). A ``Candidate`` collects one config's rounds; ``decide`` picks the winner by median
 with a margin from the measured spread (by memory headroom within the margin), and a winner that
 does not lead the baseline by more than the noise is no win (``NO_WIN``). ``Confirmation`` is
