@@ -79,7 +79,7 @@ def test_winner_vs_baseline_runs_both_interleaved_and_reports_the_ratio(tuned_ml
 def test_compile_cache_benchmark_times_cold_and_warm_compiles(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "compile_cache.py"), "--model",
-         "autotune.testing.workloads:tiny", "--micro", "4", "--trial-seconds", "3", "--json"],
+         "autotune.testing.workloads:tiny", "--micro", "4", "--trial-seconds", "1", "--json"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)

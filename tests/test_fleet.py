@@ -40,10 +40,11 @@ def free_port() -> int:
 
 
 def wait_for(check, timeout: float = 120.0):  # noqa: ANN001, ANN201 - a test helper
+    """What ``check`` returns first that is not None (a trial number 0 counts)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
-        if found:
+        if found is not None:
             return found
         time.sleep(0.2)
     raise AssertionError("condition not reached")
@@ -60,8 +61,13 @@ def spans_overlap(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, int
 def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
         tmp_path: Path, postgres_url: str) -> None:
     name = f"fleet-{uuid.uuid4().hex[:8]}"
+    # Micro-batch and precision alone: the fleet is under test, not the space, whose sampled
+    # compiled configs took half a minute of this test.
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  micro_batch_size: {choices: [16, 32, 64, 128, 256]}\n"
+                     "  amp: {choices: ['off', bf16]}\n")
     args = ("run", "--model", "mlp", "--trials", "5", "--storage", postgres_url, "--study", name,
-            "--patience", "0", "--no-probe", *FAST)
+            "--patience", "0", "--no-probe", "--space", str(space), *FAST)
     # The victim starts first and is killed while its first trial measures: started together,
     # the others could count a late trial of the victim's as running and stop short of it. Its
     # windows are long (three of 4 s at least), so that trial still measures after the others'

@@ -141,9 +141,14 @@ def study_trials(folder: Path, name: str):  # noqa: ANN201 - a test helper
 
 def test_every_trial_is_a_step_on_two_nodes_and_two_run_side_by_side(
         slurm: dict[str, str], tmp_path: Path) -> None:
+    # Micro-batch sizes alone: where trials run is under test, not the space, and a compiled
+    # config the default space's sampler drew took half a minute of this test.
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  micro_batch_size: {choices: [16, 32, 64, 128]}\n")
     sbatch(job(tmp_path, 4, ["--model", "mlp", "--executor", "slurm", "--nnodes", "2",
-                             "--nproc", "1", "--trials", "3", "--storage",
-                             f"sqlite:///{tmp_path}/s.db", "--study", "steps", *FAST]), slurm)
+                             "--nproc", "1", "--trials", "3", "--space", str(space),
+                             "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "steps",
+                             *FAST]), slurm)
     rc, out = run_output(tmp_path)
     assert rc == 0, out[-4000:]
     assert "trials run as Slurm job" in out and "2 trial(s) at a time on 2 node(s) each" in out
@@ -164,29 +169,29 @@ def test_every_trial_is_a_step_on_two_nodes_and_two_run_side_by_side(
     assert not leftovers(tmp_path) and not steps(slurm, "steps")
 
 
-def test_a_hanging_rank_is_ended_at_the_limit_and_a_failing_rank_is_named(
-        slurm: dict[str, str], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def failing_ranks(slurm: dict[str, str],
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, Path]]:
+    """The job of a hanging rank's study and then a failing rank's (two nodes), submitted when
+    first asked for and waited for by the test that checks it: the killed-driver test runs
+    beside it on the other two nodes, while the hanging rank waits out its 12 s limit."""
+    folder = tmp_path_factory.mktemp("failing")
     common = ("--executor", "slurm", "--nnodes", "2", "--nproc", "1", "--trials", "1",
-              "--storage", f"sqlite:///{tmp_path}/s.db", *FAST)
-    sbatch(job(tmp_path, 2,
-               ["--model", "autotune.testing.workloads:hang", "--param", "rank=1", "--study",
-                "hang", *common, "--trial-timeout", "12s"],
-               ["--model", "autotune.testing.workloads:crash", "--param", "rank=1", "--param",
-                "after=2", "--param", "message=boom on the second node", "--study", "crash",
-                *common]), slurm)
-    (hung,) = study_trials(tmp_path, "hang")
-    assert hung.status == "timeout", (hung.status, hung.reason)
-    child = int(_read(tmp_path / "child.pid"))  # what the hanging rank started is gone too
-    assert not Path(f"/proc/{child}").exists() or "Z" in _read(Path(f"/proc/{child}/stat"))
-    (crashed,) = study_trials(tmp_path, "crash")
-    assert crashed.status == "error"
-    assert (crashed.reason or "").startswith("rank 1: ValueError: boom on the second node"), \
-        crashed.reason
-    rc, out = run_output(tmp_path, 1)
-    assert rc == 1 and "internal error" not in out  # nothing measured, said in one line
-    assert not leftovers(tmp_path) and not steps(slurm, "hang", "crash")
+              "--storage", f"sqlite:///{folder}/s.db", *FAST)
+    script = job(folder, 2,
+                 ["--model", "autotune.testing.workloads:hang", "--param", "rank=1", "--study",
+                  "hang", *common, "--trial-timeout", "12s"],
+                 ["--model", "autotune.testing.workloads:crash", "--param", "rank=1", "--param",
+                  "after=2", "--param", "message=boom on the second node", "--study", "crash",
+                  *common])
+    submitted = submit(script, slurm)
+    try:
+        yield folder, submitted, script
+    finally:  # ended already where its test ran; not left queued where it did not
+        subprocess.run(["scancel", submitted], env=slurm, capture_output=True, check=False)
 
 
+@pytest.mark.usefixtures("failing_ranks")  # runs beside this test, on the other two nodes
 def test_a_killed_driver_is_resumed_by_the_same_command(
         slurm: dict[str, str], tmp_path: Path) -> None:
     """The driver is killed (SIGKILL) while a trial's step runs; the same command, run again in
@@ -220,6 +225,23 @@ def test_a_killed_driver_is_resumed_by_the_same_command(
     killed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(killed) == 1 and killed[0].user_attrs["reason"] == "its tuner process died"
     assert not leftovers(tmp_path) and not steps(slurm, "resumed")
+
+
+def test_a_hanging_rank_is_ended_at_the_limit_and_a_failing_rank_is_named(
+        slurm: dict[str, str], failing_ranks: tuple[Path, str, Path]) -> None:
+    folder, submitted, script = failing_ranks
+    wait_job(submitted, script, slurm)
+    (hung,) = study_trials(folder, "hang")
+    assert hung.status == "timeout", (hung.status, hung.reason)
+    child = int(_read(folder / "child.pid"))  # what the hanging rank started is gone too
+    assert not Path(f"/proc/{child}").exists() or "Z" in _read(Path(f"/proc/{child}/stat"))
+    (crashed,) = study_trials(folder, "crash")
+    assert crashed.status == "error"
+    assert (crashed.reason or "").startswith("rank 1: ValueError: boom on the second node"), \
+        crashed.reason
+    rc, out = run_output(folder, 1)
+    assert rc == 1 and "internal error" not in out  # nothing measured, said in one line
+    assert not leftovers(folder) and not steps(slurm, "hang", "crash")
 
 
 def _states(db: Path) -> list[str]:

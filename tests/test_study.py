@@ -275,7 +275,10 @@ def _measuring_after(n: int, tuner: subprocess.Popen[str]):
 
 @SLOW
 def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
-    args = ("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST)
+    # Killed measuring a trial after two were recorded; resumed, it ends at --trials 4 with the
+    # earlier trials kept (a trial after the killed one keeps the wait for it from racing the
+    # study's end).
+    args = ("run", "--model", "mlp", "--trials", "4", "--storage", DB, *FAST)
     tuner = _start(workdir, *args)
     _wait_for(_measuring_after(2, tuner))
     study = load(DB)
@@ -291,7 +294,7 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     assert result.returncode == 0, result.stderr
     study = load(DB)
     trials = read_trials(study)
-    assert len(trials) == 5
+    assert len(trials) == 4 and len(before) >= 2
     after = {r.number: stored(study, r).value for r in trials}
     assert all(after[n] == v for n, v in before.items())  # earlier trials intact
     killed = [t for t in study.trials if t.user_attrs.get("interrupted")]
