@@ -25,12 +25,14 @@ lint: setup
 	$(BIN)/mypy autotune
 	$(BIN)/lint-imports --no-cache
 
-# Two test runs: most tests two at a time, then the few `serial` ones alone, whose wall-time
-# bounds need the machine to themselves. Both always run, and share one probe cache (the
-# machine is probed once). The slowest tests are listed at the end: CI's goal is 10 minutes.
+# Two test runs: most tests three at a time (on a 2-core machine too: tests wait on processes
+# starting, ranks meeting and timeouts, and a third keeps the cores busy meanwhile), then the few
+# `serial` ones alone, whose wall-time bounds need the machine to themselves. Both always run,
+# and share one probe cache (the machine is probed once). The slowest tests are listed at the
+# end: CI's goal is 10 minutes.
 test: setup lint
 	rc=0; export AUTOTUNE_CACHE_DIR="$${AUTOTUNE_CACHE_DIR:-$$(mktemp -d)}"; \
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15 \
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal --durations=15 \
 		-m "not gpu and not multi_gpu and not serial" || rc=$$?; \
 	$(BIN)/python -m pytest -q -m "serial and not gpu and not multi_gpu" || rc=$$?; \
 	exit $$rc

@@ -194,7 +194,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _start_order(item: pytest.Item) -> int:
     """The order tests start in (stable within each group): real processes first, the quick
-    tests after them, the shared tuned study's last. Two at a time (worksteal), the pass then
+    tests after them, the shared tuned study's last. Several at a time (worksteal), the pass then
     ends on quick tests instead of one worker finishing a minute-long test alone, and no worker
     waits for the tuned study, which tunes in the background from the start."""
     if "tuned_mlp" in getattr(item, "fixturenames", ()):
@@ -202,8 +202,11 @@ def _start_order(item: pytest.Item) -> int:
     return 0 if "slow" in item.keywords else 1
 
 
-TUNE = ["run", "--model", "mlp", "--trials", "3", "--trial-seconds", "6", "--window-seconds",
-        "0.5", "--trial-timeout", "60s", "--confirm-top", "1", "--confirm-rounds", "2"]
+# No pruning: a trial stopped early on a loaded machine once left the baseline the winner, and
+# the tests of this study read its confirmation.
+TUNE = ["run", "--model", "mlp", "--trials", "3", "--trial-seconds", "4", "--window-seconds",
+        "0.25", "--trial-timeout", "60s", "--confirm-top", "1", "--confirm-rounds", "2",
+        "--no-prune"]
 
 
 def _tuned_dir(config: pytest.Config) -> Path:

@@ -187,7 +187,7 @@ def test_global_batch_keeps_the_training_semantics(workdir: Path) -> None:
         "grad_accum_steps": {"choices": [1, 2, 4]},
         "ddp_bucket_cap_mb": {"choices": [1, 25]}}}))
     r = autotune("run", "--model", "mlp", "--param", "hidden=64", "--nproc", "2",
-                 "--global-batch", "128", "--space", str(space), "--trials", "3", *FAST,
+                 "--global-batch", "128", "--space", str(space), "--trials", "2", *FAST,
                  cwd=workdir)
     assert r.returncode == 0, r.stderr
     assert "grad_accum_steps   derived: --global-batch 128 / (micro_batch_size x 2 rank(s))" \
@@ -200,7 +200,7 @@ def test_global_batch_keeps_the_training_semantics(workdir: Path) -> None:
     db = sqlite3.connect(workdir / "studies" / "autotune.db")
     configs = [json.loads(v) for (v,) in db.execute(
         "select value_json from trial_user_attributes where key = 'config'")]
-    assert len(configs) >= 3
+    assert len({json.dumps(c, sort_keys=True) for c in configs}) >= 2  # two configs measured
     for c in configs:
         assert c["micro_batch_size"] * c["grad_accum_steps"] * c["world_size"] == 128
     profile = yaml.safe_load(next((workdir / "studies").glob("*/profile.yaml")).read_text())

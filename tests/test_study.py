@@ -52,16 +52,16 @@ def stored(study: optuna.Study, r: TrialRecord) -> optuna.trial.FrozenTrial:
 
 @SLOW
 def test_small_study_end_to_end(workdir: Path) -> None:
-    result = autotune("run", "--model", "mlp", "--trials", "5", "--storage", DB, *FAST,
+    result = autotune("run", "--model", "mlp", "--trials", "4", "--storage", DB, *FAST,
                       cwd=workdir)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "budget       5 measured trials in the study" in out and "(baseline)" in out
+    assert "budget       4 measured trials in the study" in out and "(baseline)" in out
     assert "speedup over the baseline" in out
     study = load(DB)
     snap = snapshot.read(study)
     trials = snap.records
-    assert len(snap.measured) == 5  # a repeated or ruled-out config does not count
+    assert len(snap.measured) == 4  # a repeated or ruled-out config does not count
     base = trials[0]
     assert base.is_baseline and base.status == "ok"
     # amp is searched only where the CPU has native bf16; the baseline runs fp32 either way.
@@ -76,7 +76,7 @@ def test_small_study_end_to_end(workdir: Path) -> None:
     assert profile.samples_per_sec == pytest.approx(best_value, rel=1e-3)
     assert profile.speedup == pytest.approx(best_value / base_value, rel=1e-2)
     assert profile.baseline["samples_per_sec"] == pytest.approx(base_value, rel=1e-3)
-    assert profile.provenance["trials"] == 5 and profile.provenance["study"] == study.study_name
+    assert profile.provenance["trials"] == 4 and profile.provenance["study"] == study.study_name
     assert snap.facts.space["fixed"]["pin_memory"]["reason"]
     assert (workdir / "studies" / study.study_name / "trials" / "0000" / "result.json").exists()
 
