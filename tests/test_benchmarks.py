@@ -59,7 +59,7 @@ def test_winner_vs_baseline_runs_both_interleaved_and_reports_the_ratio(tuned_ml
     storage = f"sqlite:///{tuned_mlp.parent.parent.parent / 'studies' / 'autotune.db'}"
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "winner_vs_baseline.py"), str(tuned_mlp),
-         "--rounds", "2", "--trial-seconds", "2", "--json", "--measured", "--measured-top", "1",
+         "--rounds", "2", "--trial-seconds", "1", "--json", "--measured", "--measured-top", "1",
          "--storage", storage, "--config", "micro_batch_size=8,num_workers=1"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -173,7 +173,7 @@ def test_a_cluster_launcher_starts_the_nodes_and_a_missing_node_ends_at_the_time
     started = time.monotonic()
     one = f"{sys.executable} -m autotune.testing.launcher 1 {{cmd}}"  # the second never comes
     alone = autotune("run", *common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--launcher",
-                     one, "--study", "alone", "--trial-timeout", "12s", "--trial-seconds", "5",
+                     one, "--study", "alone", "--trial-timeout", "8s", "--trial-seconds", "5",
                      cwd=tmp_path)
     assert time.monotonic() - started < 90
     assert alone.returncode == 1  # nothing was measured: the one trial timed out
