@@ -8,9 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pytest
 
@@ -106,6 +106,21 @@ def cli(*args: str) -> Result:
     from autotune.cli import app
 
     return CliRunner().invoke(app, list(args))
+
+
+T = TypeVar("T")
+
+
+def poll(check: Callable[[], T | None | Literal[False]], timeout: float = 120.0) -> T:
+    """What ``check`` returns first that is neither None nor False, polled every 0.2 s: a found
+    value that is falsy (trial number 0) still counts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found is not None and found is not False:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not reached in {timeout:g}s")
 
 
 def trial_processes_under(folder: Path) -> list[int]:

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from autotune.profile import load_profile
 from autotune.tuner.record import read_trials
-from tests.conftest import FAST, ROOT, autotune
+from tests.conftest import FAST, ROOT, autotune, poll
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +37,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(check, timeout: float = 120.0):  # noqa: ANN001, ANN201 - a test helper
-    """What ``check`` returns first that is not None (a trial number 0 counts)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found is not None:
-            return found
-        time.sleep(0.2)
-    raise AssertionError("condition not reached")
 
 
 def spans_overlap(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, int]]:
@@ -88,7 +77,7 @@ def test_three_workers_share_one_study_and_a_killed_workers_trial_is_retried(
                     return t.number
             return None
 
-        killed = wait_for(victim_trial)
+        killed = poll(victim_trial)
         workers += [start(tmp_path, *args, "--out", f"w{i}", env={"PYTHONUNBUFFERED": "1"})
                     for i in (1, 2)]
         # Both past their start-up (on a busy machine one could take longer than the other

@@ -29,16 +29,15 @@ EXAMPLE_RUNS = {
 }
 
 
-def write_profile(path: Path, spec: str = "mlp", candidate: bool = False) -> Path:
-    """A valid profile for this machine: ``MICRO`` samples per micro-batch, ``ACCUM``
-    micro-batches per optimizer step, fp32, no loader workers (the quickest start). A
-    ``candidate`` is what the tuner writes for a trial: nothing measured yet."""
+def write_candidate(path: Path, spec: str = "mlp") -> Path:
+    """The profile the tuner writes for a trial (a candidate: nothing measured yet), valid for
+    this machine: ``MICRO`` samples per micro-batch, ``ACCUM`` micro-batches per optimizer step,
+    fp32, no loader workers (the quickest start)."""
     config = Config(micro_batch_size=MICRO, grad_accum_steps=ACCUM, amp="off", num_workers=0)
-    measured = {} if candidate else {"config": Config().to_dict(), "samples_per_sec": 50.0}
     Profile(workload={"name": spec, "spec": spec, "params": {}}, config=config, env={},
-            result={"samples_per_sec": 0.0 if candidate else 100.0}, baseline=measured,
-            speedup=None if candidate else 2.0, fingerprint=detect().fingerprint(),
-            provenance={"study": "s", "trial": "t", "candidate": candidate}).save(path)
+            result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
+            fingerprint=detect().fingerprint(),
+            provenance={"study": "s", "trial": "t", "candidate": True}).save(path)
     return path
 
 
@@ -68,8 +67,8 @@ def test_an_example_reports_its_steps_and_stops_where_the_tuner_says(tmp_path: P
     trial.mkdir()
     (trial / "stop.json").write_text(json.dumps({"at_step": STOP_AT}))
     # The plain loop under a profile tuned on a command: it trains its default workload (mlp).
-    profile = write_profile(tmp_path / "p.yaml", "command" if name == "train_plain.py" else "mlp",
-                            candidate=True)
+    profile = write_candidate(tmp_path / "p.yaml",
+                              "command" if name == "train_plain.py" else "mlp")
     run_example(name, argv, tmp_path, {"AUTOTUNE_PROFILE": str(profile),
                                        "AUTOTUNE_TRIAL_DIR": str(trial),
                                        "AUTOTUNE_SAMPLES_PER_STEP": str(MICRO * ACCUM)})

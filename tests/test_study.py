@@ -31,7 +31,7 @@ from autotune.tuner.identity import Identity, open_study
 from autotune.tuner.record import TrialRecord, read_trials
 from autotune.tuner.runner import Runner, RunOptions
 from autotune.workloads import WorkloadSpec
-from tests.conftest import FAST, JOURNAL, ROOT, autotune, load_study, replayed
+from tests.conftest import FAST, JOURNAL, ROOT, autotune, load_study, poll, replayed
 
 DB = "sqlite:///study.db"
 # Whole studies with real trial processes (seconds each) are marked slow; the tests of what the
@@ -233,15 +233,6 @@ def test_resuming_keeps_the_memory_limit(memdir: Path) -> None:
     assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
 
 
-def _wait_for(predicate, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached")
-
-
 def _start(workdir: Path, *args: str) -> subprocess.Popen[str]:
     """The CLI in the background, with Ctrl-C's default: a test run started in the background
     of a shell without job control (`make test &` in a script) ignores SIGINT, and a child
@@ -280,7 +271,7 @@ def test_killed_tuner_resumes_with_earlier_trials_intact(workdir: Path) -> None:
     # study's end).
     args = ("run", "--model", "mlp", "--trials", "4", "--storage", DB, *FAST)
     tuner = _start(workdir, *args)
-    _wait_for(_measuring_after(2, tuner))
+    poll(_measuring_after(2, tuner))
     study = load(DB)
     before = {r.number: stored(study, r).value for r in read_trials(study)}
     trial_procs = psutil.Process(tuner.pid).children(recursive=True)
@@ -310,7 +301,7 @@ def test_ctrl_c_ends_the_trial_and_keeps_the_study(workdir: Path) -> None:
     args = ("run", "--model", "mlp", "--trials", "20", "--patience", "0", "--storage", DB,
             *FAST)
     tuner = _start(workdir, *args)
-    _wait_for(_measuring_after(2, tuner))
+    poll(_measuring_after(2, tuner))
     tuner.send_signal(signal.SIGINT)
     out, err = tuner.communicate(timeout=60)
     assert tuner.returncode == 130, out[-3000:] + err
