@@ -30,6 +30,8 @@ from autotune.config.values import (
     NCCL_ALGOS,
     NCCL_PROTOS,
     OPTIMIZER_IMPLS,
+    REDUCE_DTYPES,
+    SHARDINGS,
     KnobValue,
     int_in,
     nccl_values,
@@ -78,7 +80,15 @@ class Config:
     attention: str = "default"
     activation_checkpointing: bool = False
     cpu_threads: int = 0  # intra-op threads per rank; 0 leaves torch's own choice
+    sharding: str = "replicated"
+    fsdp_reduce_dtype: str = "fp32"
+    cpu_offload: bool = False
     world_size: int = 1
+
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP2 holds the model (else DDP, or nothing with one rank)."""
+        return self.sharding != "replicated" and self.world_size > 1
 
     @property
     def samples_per_step(self) -> int:
@@ -113,7 +123,13 @@ class Config:
             parts.append(f"attention {self.attention}")
         if self.activation_checkpointing:
             parts.append("checkpointing")
-        if self.world_size > 1:
+        if self.sharded:
+            parts.append(f"{self.world_size} ranks, {self.sharding}")
+            if self.amp != "off" and self.fsdp_reduce_dtype != "fp32":
+                parts.append(f"reduce in {self.amp}")
+            if self.cpu_offload:
+                parts.append("cpu offload")
+        elif self.world_size > 1:
             parts.append(f"{self.world_size} ranks, bucket {self.ddp_bucket_cap_mb}MB")
             if self.ddp_gradient_as_bucket_view:
                 parts.append("grad views")
@@ -152,13 +168,18 @@ class Knob:
     applies: rules.Applies = rules.always
     # Returns why one value cannot run here, or None.
     value_ok: rules.ValueOk = rules.any_value
-    # A knob that only matters, or only works, for some values of another: (that knob, the
-    # test its value must pass, this knob's value otherwise). Prefetch needs loader workers.
-    when: tuple[str, Callable[[Any], bool], KnobValue] | None = None
+    # A knob that only matters, or only works, for some values of others: (those knobs, the
+    # test their values must pass, this knob's value otherwise). Prefetch needs loader workers;
+    # DDP's knobs need DDP (not FSDP).
+    when: tuple[tuple[str, ...], Callable[..., bool], KnobValue] | None = None
 
     def active(self, values: Mapping[str, object]) -> bool:
         """Whether this knob matters given the other knobs' ``values`` (see ``when``)."""
-        return self.when is None or self.when[1](values[self.when[0]])
+        return self.when is None or self.when[1](*(values[n] for n in self.when[0]))
+
+
+def _replicated(sharding: object) -> bool:
+    return sharding == "replicated"
 
 
 KNOBS: dict[str, Knob] = {
@@ -170,16 +191,18 @@ KNOBS: dict[str, Knob] = {
         Knob("amp", "autocast precision: off (fp32), fp16 or bf16", parse_amp,
              value_ok=rules.amp_value),
         Knob("ddp_bucket_cap_mb", "DDP gradient bucket size in MB", int_in(1, MAX_BUCKET_MB),
-             applies=rules.needs_ranks),
+             applies=rules.needs_ranks, when=(("sharding",), _replicated, 25)),
         Knob("ddp_gradient_as_bucket_view", "DDP gradients as views into the buckets "
              "(saves a copy and memory)", parse_bool,
-             applies=rules.needs_ddp_argument("gradient_as_bucket_view")),
+             applies=rules.needs_ddp_argument("gradient_as_bucket_view"),
+             when=(("sharding",), _replicated, False)),
         # static_graph with no_sync accumulation crashes in DDP's reducer, and once that is
         # patched stops all-reducing (pytorch PR 187732): only without accumulation.
         Knob("ddp_static_graph", "DDP static_graph: the same parameters get gradients every "
              "step (only without accumulation)", parse_bool,
              applies=rules.needs_ddp_argument("static_graph"),
-             when=("grad_accum_steps", lambda accum: accum == 1, False)),
+             when=(("grad_accum_steps", "sharding"),
+                   lambda accum, sharding: accum == 1 and sharding == "replicated", False)),
         Knob("nccl_algo", "NCCL_ALGO for the ranks; default lets NCCL decide",
              nccl_values(NCCL_ALGOS, "NCCL_ALGO"), applies=rules.needs_nccl,
              value_ok=rules.nccl_version_ok(NCCL_ALGOS, "NCCL_ALGO")),
@@ -191,7 +214,7 @@ KNOBS: dict[str, Knob] = {
         Knob("pin_memory", "DataLoader pin_memory", parse_bool, applies=rules.needs_gpu),
         Knob("prefetch_factor", "batches each loader worker prepares ahead",
              int_in(1, MAX_PREFETCH),
-             when=("num_workers", lambda workers: workers > 0, None)),
+             when=(("num_workers",), lambda workers: workers > 0, None)),
         Knob("optimizer_impl", "optimizer step: default (as built), for-loop, foreach or fused",
              one_of(OPTIMIZER_IMPLS), value_ok=rules.optimizer_value),
         Knob("compile", "torch.compile mode for the model, or off", one_of(COMPILE_MODES),
@@ -202,6 +225,17 @@ KNOBS: dict[str, Knob] = {
              one_of(ATTENTIONS), value_ok=rules.attention_value),
         Knob("activation_checkpointing", "recompute activations in backward: less memory, "
              "more compute", parse_bool),
+        Knob("sharding", "how the ranks hold the model: replicated (DDP), shard-grad-op "
+             "(FSDP2, parameters kept from forward to backward), full-shard (FSDP2, gathered "
+             "again for backward) or hybrid-shard (full-shard within a node, replicated across)",
+             one_of(SHARDINGS), applies=rules.sharding_applies),
+        Knob("fsdp_reduce_dtype", "the dtype FSDP reduces gradients in under amp: fp32 or the "
+             "amp dtype", one_of(REDUCE_DTYPES), applies=rules.sharding_applies,
+             when=(("sharding", "amp"), lambda sharding, amp: sharding != "replicated"
+                   and amp != "off", "fp32")),
+        Knob("cpu_offload", "FSDP keeps parameters, gradients and optimizer state in host "
+             "memory (CUDA only)", parse_bool, applies=rules.offload_applies,
+             when=(("sharding",), lambda sharding: sharding != "replicated", False)),
         Knob("cpu_threads", "intra-op CPU threads per rank (torch.set_num_threads); 0: torch's "
              "default", int_in(0, MAX_THREADS), value_ok=rules.threads_value),
     )

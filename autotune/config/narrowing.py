@@ -22,7 +22,7 @@ from autotune.config.domains import (
     show,
 )
 from autotune.config.knobs import DECLARED, KNOBS, Config
-from autotune.config.rules import Machine
+from autotune.config.rules import Machine, sharding_value
 from autotune.config.values import KnobValue
 from autotune.errors import UsageError
 
@@ -90,7 +90,8 @@ class NarrowedSpace:
 
         for name in self.searched:
             knob = KNOBS[name]
-            if knob.when is not None and not knob.when[1](value_of(knob.when[0])):
+            if knob.when is not None \
+                    and not knob.when[1](*(value_of(n) for n in knob.when[0])):
                 values[name] = knob.when[2]
             else:
                 value_of(name)
@@ -214,13 +215,13 @@ def baseline_for_global_batch(default_micro: int, global_batch: int, world_size:
 
 def narrow(space: SearchSpace, hw: Machine, world_size: int, baseline: Config,
            global_batch: int | None = None, supports: Collection[str] = (),
-           workload: str = "the workload") -> NarrowedSpace:
+           workload: str = "the workload", nodes: int = 1) -> NarrowedSpace:
     """Keep what this hardware can run; the baseline's values always stay in the space.
 
     With ``global_batch``, only micro-batch sizes that divide it (per rank) stay, and the
     accumulation is derived from them. The knobs that change the model or its optimizer
     (``DECLARED``) are searched only when the workload names them in ``supports``. Raises
-    UsageError when a knob loses every value it had.
+    UsageError when a knob loses every value it had. Hybrid sharding needs ``nodes`` > 1.
     """
     base = baseline.to_dict()
     searched: dict[str, Domain] = {}
@@ -255,7 +256,8 @@ def narrow(space: SearchSpace, hw: Machine, world_size: int, baseline: Config,
             continue
         keep = []
         for value in domain.values:
-            why = knob.value_ok(value, hw, world_size)
+            why = knob.value_ok(value, hw, world_size) or (
+                sharding_value(value, nodes) if name == "sharding" else None)
             if why:
                 removed.setdefault(name, []).append((value, why))
             else:

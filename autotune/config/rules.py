@@ -121,6 +121,28 @@ def needs_ddp_argument(argument: str) -> Applies:
     return check
 
 
+def sharding_applies(hw: Machine, world_size: int) -> str | None:
+    """Sharding splits the model over several ranks."""
+    if world_size <= 1:
+        return "sharding splits the model over ranks: one rank holds it whole (world size 1)"
+    return None
+
+
+def offload_applies(hw: Machine, world_size: int) -> str | None:
+    """FSDP's CPU offload moves GPU memory to the host: on a CPU there is nothing to move."""
+    if hw.device != "cuda":
+        return "CPU offload moves GPU memory to the host (no CUDA GPU here: it is there already)"
+    return sharding_applies(hw, world_size)
+
+
+def sharding_value(value: object, nodes: int) -> str | None:
+    """Hybrid sharding shards within a node and replicates across nodes: it needs several."""
+    if value == "hybrid-shard" and nodes <= 1:
+        return ("hybrid-shard shards within a node and replicates across nodes: one node here "
+                "(pass --nnodes N)")
+    return None
+
+
 def needs_gpu(hw: Machine, world_size: int) -> str | None:
     """pin_memory helps only host-to-GPU copies."""
     if hw.device != "cuda":

@@ -25,6 +25,12 @@ COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhea
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 # fp32 matmuls: "highest" (IEEE fp32) or "high" (TF32 on NVIDIA GPUs of compute capability 8.0+).
 MATMUL_PRECISIONS = ("highest", "high")
+# How the ranks hold the model (``trial/shard.py``): replicated (DDP), or sharded by FSDP2 with
+# the parameters kept gathered from forward to backward (ZeRO-2-like), gathered again for backward
+# (ZeRO-3-like), or sharded within each node and replicated across nodes (a 2-D mesh).
+SHARDINGS = ("replicated", "shard-grad-op", "full-shard", "hybrid-shard")
+# The dtype FSDP reduces gradients in under amp: fp32, or the amp dtype itself (half the bytes).
+REDUCE_DTYPES = ("fp32", "amp")
 # The attention implementation of a transformers model; "default" is the model's own choice.
 ATTENTIONS = ("default", "eager", "sdpa", "flash_attention_2")
 # The largest value each integer knob takes: far beyond any machine (a 2**62 micro-batch

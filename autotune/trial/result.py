@@ -14,6 +14,7 @@ import math
 from typing import Any, NotRequired, TypedDict
 
 from autotune.trial.apply import OptimizerInForce
+from autotune.trial.shard import ModelState, ShardingInForce
 
 RESULT_SCHEMA = "autotune.trial/v1"
 STATUSES = ("ok", "oom", "timeout", "error", "diverged")
@@ -68,6 +69,8 @@ class Applied(TypedDict, total=False):
     optimizer: OptimizerInForce
     compiled: str
     compiled_graphs: int
+    sharding: ShardingInForce
+    model_state: ModelState
 
 
 class CompileInfo(TypedDict, total=False):

@@ -34,6 +34,7 @@ from autotune.tuner import (
     budget,
     claims,
     confirm_rounds,
+    memory_binds,
     options,
     record,
     stages,
@@ -94,7 +95,7 @@ class Runner:
                                       self.world)
         space = narrow(load_space(opts.space), hw, self.world, self.baseline,
                        opts.global_batch, supports=declared_knobs(workload),
-                       workload=f"workload {self.workload_name}")
+                       workload=f"workload {self.workload_name}", nodes=opts.nnodes)
         self.storage_url = opts.storage_url
         self.study_name = opts.study_name or default_name(self.workload_name,
                                                           self.workload_spec, space, hw)
@@ -123,10 +124,13 @@ class Runner:
             address_space_bytes=opts.address_space_bytes, command=self.command,
             executor=self.executor)
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
-        unapplied = record.read_facts(self.study).unapplied
+        unapplied = dict(record.read_facts(self.study).unapplied or {})
+        if self.command is not None:  # a script has no way to take them yet
+            unapplied.update({k: "a script's model is not sharded by autotune yet" for k in
+                              ("sharding", "fsdp_reduce_dtype", "cpu_offload")})
         self.steps = TrialSteps(
             opts, hw, self.study, self.storage, self.storage_url, self.limit,
-            space.fix(dict(unapplied or {}), self.baseline), self.baseline, self.command,
+            space.fix(unapplied, self.baseline), self.baseline, self.command,
             self.out_dir, reporter, lambda: self.measurer, measure)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -145,6 +149,8 @@ class Runner:
             self.reporter.note(self.command.untracked)
         self._start_executor()
         self._probe_machine()
+        if self.command is None:
+            memory_binds.size_once(self.study, self.space, self.workload_spec, self.reporter.note)
         interrupted, stop_reason = self._slot_trials(deadline)
         if not interrupted:
             try:
@@ -283,13 +289,17 @@ class Runner:
         config without room left two minutes of its search unused)."""
         if snap.pending.waiting:
             return snap.pending.waiting_staged
+        if memory_binds.next_baseline(self.study, self.space, snap, self.reporter.note):
+            return True
+        baseline = memory_binds.baseline_now(snap, self.baseline)
+        self.steps.sharding_now = baseline.sharding
         model = self.steps.memory_model(snap)
 
         def too_slow(c: Config) -> bool:
             return self.steps.trial_budget(c, left, snap).ruled_out
 
         running = snap.pending.running
-        proposal = staged_next(self.space, self.baseline, snap.observations, model,
+        proposal = staged_next(self.space, baseline, snap.observations, model,
                                too_slow=too_slow, peaks=self._peaks(snap),
                                fastest=budget.StepTimeModel(snap.observations).fastest) \
             or self._diagnosis_stage(snap, lambda c: model.verdict(c) is not None

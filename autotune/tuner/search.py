@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
@@ -42,7 +42,8 @@ PATIENCE = 10
 # Checkpointing trades memory for compute; compiling fuses kernels (fewer intermediates) and
 # attention implementations differ in what they keep: each value has its own line.
 _MEMORY_KNOBS = ("amp", "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "world_size",
-                 "activation_checkpointing", "compile", "attention")
+                 "activation_checkpointing", "compile", "attention", "sharding",
+                 "fsdp_reduce_dtype", "cpu_offload")
 _HOST_MEMORY_KNOBS = ("num_workers", "prefetch_factor")
 
 
@@ -59,6 +60,8 @@ class Observation:
     number: int = -1
     mfu: float | None = None  # achieved FLOP/s over the measured peak of its precision
     peak_tflops: float | None = None  # the peak that MFU was taken against (per device)
+    # What a rank held for the model after its first steps (``trial.shard.model_state``).
+    model_state: Mapping[str, int] | None = None
 
     @property
     def achieved(self) -> float | None:
@@ -104,12 +107,22 @@ def fit_affine(points: Sequence[tuple[float, float]]) -> Fit | None:
     return Fit(my - slope * mx, slope, len(points))
 
 
+class Strategies(Protocol):
+    """The memory model of sharding (``tuner.sharding.ShardingModel``), as this one asks it."""
+
+    def predict(self, config: Config) -> Any: ...
+    def words(self, config: Config, peak: Any) -> str: ...
+
+
 class MemoryModel:
-    """Peak memory per memory-relevant knob combination, from the trials that ran."""
+    """Peak memory per memory-relevant knob combination, from the trials that ran; for a
+    combination no two trials fitted yet, the memory model of sharding (``strategies``, with
+    several ranks and a sized model) predicts it from the model's size."""
 
     def __init__(self, observations: Sequence[Observation], device: str, limit: int,
-                 headroom: float = HEADROOM) -> None:
+                 headroom: float = HEADROOM, strategies: Strategies | None = None) -> None:
         self.device, self.limit, self.headroom = device, limit, headroom
+        self.strategies = strategies
         self._ok: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
         self._oom: dict[tuple[Any, ...], int] = {}
         for o in observations:
@@ -144,7 +157,7 @@ class MemoryModel:
                     f"with the same {_key_words(self.device)}"), None
         fit = self.fit(config)
         if fit is None:
-            return None
+            return self.strategy_verdict(config)
         peak = fit.at(micro)
         if peak > self.budget:
             return (f"predicted-oom: peak {peak / 2**30:.2f} GiB at micro-batch {micro} (affine "
@@ -152,6 +165,18 @@ class MemoryModel:
                     f"the limit less {100 * self.headroom:.0f}% headroom "
                     f"({self.budget / 2**30:.2f} GiB)"), peak
         return None
+
+
+    def strategy_verdict(self, config: Config) -> tuple[str, float | None] | None:
+        """The memory model of sharding's verdict alone (None: it fits, or no such model)."""
+        if self.strategies is None or config.world_size < 2:
+            return None
+        peak = self.strategies.predict(config)
+        if peak.counted <= self.budget:
+            return None
+        return (f"predicted-oom: {self.strategies.words(config, peak)} > the limit less "
+                f"{100 * self.headroom:.0f}% headroom ({self.budget / 2**30:.2f} GiB; "
+                f"{peak.basis})"), peak.counted
 
 
 # -- staged start ---------------------------------------------------------------------------------

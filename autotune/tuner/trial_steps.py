@@ -37,6 +37,7 @@ from autotune.tuner.measurer import Measurer, MeasureTrial
 from autotune.tuner.options import RunOptions
 from autotune.tuner.reporting import Reporter
 from autotune.tuner.search import MemoryModel
+from autotune.tuner.sharding import ShardingModel
 from autotune.tuner.snapshot import StudySnapshot
 
 # A script's trial runs two steps outside its measuring budget: the first (its start is not
@@ -72,6 +73,9 @@ class TrialSteps:
     no_room: str | None = None  # the next config does not fit what is left of --timeout
     halted: str | None = None  # why no later trial can measure anything (a script's)
     trainer_said: bool = False  # the note on the bootstrap's reach into a Trainer, once
+    # The strategy sampled configs keep (the runner's: the baseline's, replicated until memory
+    # binds): sharding is chosen by the memory model, never sampled.
+    sharding_now: str = "replicated"
 
     @property
     def measurer(self) -> Measurer:
@@ -96,8 +100,8 @@ class TrialSteps:
         told = False
         self.measurer.held = {}
         try:
-            config = self.space.suggest(trial, self.baseline)
             is_baseline = record.is_baseline(trial)
+            config = self._space_for(trial).suggest(trial, self.baseline)
             record.mark_config(trial, config)
             v, snap = self._verdict(trial.number, config, is_baseline, remaining)
             if v.record is not None:  # nothing runs
@@ -140,6 +144,14 @@ class TrialSteps:
                     record.mark_interrupted(trial)
                     self.study.tell(trial, state=TrialState.FAIL)
 
+    def _space_for(self, trial: optuna.Trial) -> NarrowedSpace:
+        """The space a trial's config comes from: a queued one's (baseline, staged, diagnosis)
+        as it was queued; a sampled one's with the sharding of the baseline now in force."""
+        if record.was_queued(trial) or "sharding" not in self.space.searched:
+            return self.space
+        return self.space.fix({"sharding": "chosen by the memory model, not sampled"},
+                              replace(self.baseline, sharding=self.sharding_now))
+
     def _verdict(self, number: int, config: Config, is_baseline: bool,
                  remaining: float | None) -> tuple[verdict.Verdict, StudySnapshot]:
         """What happens to ``config`` (``tuner.verdict``), from the study as it stands; while
@@ -152,10 +164,12 @@ class TrialSteps:
                 claims.running_twins(self.study, number, config, self.opts.measure))
             twin = None if is_baseline or running else \
                 claims.measured_twin(snap, config, self.opts.measure)
+            model = self.memory_model(snap)
             v = verdict.decide(verdict.Facts(
                 config, number, is_baseline, self.limit, twin=twin, running_twins=running,
-                rule=oversubscribed(config, self.hw.cpu_cores),
-                memory=self.memory_model(snap).verdict(config),
+                rule=oversubscribed(config, self.hw.cpu_cores), memory=model.verdict(config),
+                strategy_out=is_baseline and "sharding" in self.space.searched
+                and model.fit(config) is None and model.strategy_verdict(config) is not None,
                 plan=None if twin else self.trial_budget(config, remaining, snap)))
             if v.kind != verdict.Kind.TWIN_RUNNING:
                 return v, snap
@@ -319,7 +333,11 @@ class TrialSteps:
         record.tell(self.study, trial, rec)
 
     def memory_model(self, snap: StudySnapshot) -> MemoryModel:
-        return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom)
+        size = snap.facts.model_size
+        strategies = None if size is None or self.opts.world < 2 else ShardingModel(
+            size, snap.observations, self.hw.device, self.opts.nproc or 1)
+        return MemoryModel(snap.observations, self.hw.device, self.limit, self.opts.headroom,
+                           strategies)
 
     def export(self, snap: StudySnapshot) -> Profile | None:
         return write_profile(self.study, snap, storage.redact(self.storage_url),

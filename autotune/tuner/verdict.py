@@ -38,6 +38,9 @@ class Facts:
     running_twins: tuple[int, ...] = ()
     rule: str | None = None  # oversubscribed: why
     memory: tuple[str, float | None] | None = None  # the memory model's (why, predicted peak)
+    # The baseline's strategy cannot fit by the memory model of sharding, and the space
+    # searches sharding: the baseline moves to the next strategy (``tuner.memory_binds``).
+    strategy_out: bool = False
     plan: TrialBudget | None = None
 
 
@@ -64,9 +67,10 @@ class Verdict:
 
 def decide(f: Facts) -> Verdict:
     """The verdict on ``f.config``. The baseline is never a twin nor ruled out by a rule or
-    the memory model (the speedup is measured against it); only its measuring budget can keep
-    it from running."""
-    if f.is_baseline:
+    the memory model (the speedup is measured against it), but by the memory model of sharding
+    when sharding is searched (``strategy_out``: it is measured under the next strategy
+    instead); only its measuring budget can keep it from running otherwise."""
+    if f.is_baseline and not f.strategy_out:
         return _budget(f)
     if f.running_twins:
         return Verdict(Kind.TWIN_RUNNING)

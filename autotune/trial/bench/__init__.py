@@ -115,6 +115,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         return
     timings["warmup_s"] = time.time() - t_warm
     result["warmup"] = warm.record(timings["warmup_s"])
+    _record_state(trainer, result, ranks)
     if "compile_step_s" in timings:
         # What compiling cost: the first step beyond a steady one.
         first, steady = timings["compile_step_s"], warm.step_times[-1]
@@ -143,6 +144,15 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         result["flops_count_error"] = flops["flops_count_error"]
     result["flops_per_sample"] = flops["flops_per_sample"]
     result["flops_source"] = flops["flops_source"]
+
+
+def _record_state(trainer: Any, result: TrialResultDoc, ranks: Ranks) -> None:
+    """What the memory model of sharding reads: this rank's parameters, gradients and the
+    optimizer's state as they are after the warm-up's steps (local shards under FSDP)."""
+    if ranks.world > 1:
+        from autotune.trial.shard import model_state
+
+        result["applied"]["model_state"] = model_state(trainer.module, trainer.optimizer)
 
 
 def _compile(trainer: Any, spec: TrialSpec, progress: Progress, result: TrialResultDoc,

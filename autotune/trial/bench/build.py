@@ -26,6 +26,7 @@ from autotune.trial.apply import (
 from autotune.trial.bench.device import Memory, endless, to_device
 from autotune.trial.bench.ranks import CommTimer, Ranks
 from autotune.trial.result import Applied, CompileInfo, TrialResultDoc
+from autotune.trial.shard import blocks_of, no_grad_sync, shard, sharding_in_force
 from autotune.trial.spec import TrialSpec
 from autotune.workloads import resolve
 
@@ -53,6 +54,9 @@ class Trainer:
     # Micro-steps whose loss was NaN or infinite since the last look: a device tensor summed
     # without a sync, read at window edges (``nonfinite_steps``).
     nonfinite: Any = None
+    # Each micro-step's loss (detached, divided by the accumulation), when a list is given:
+    # how the tests compare strategies' losses (``autotune.testing.losses``); None in trials.
+    losses: list[Any] | None = None
 
     def nonfinite_steps(self) -> int:
         """Micro-steps with a NaN or infinite loss so far, over all ranks (a sync: call it only
@@ -86,10 +90,12 @@ class Trainer:
             quiet = self.ranks.world > 1 and micro < accum - 1 and not self.sync_each_micro
             if self.comm is not None:
                 self.comm.micro = micro
-            with self.model.no_sync() if quiet else contextlib.nullcontext():
+            with no_grad_sync(self.model) if quiet else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                                     enabled=self.amp_dtype is not None):
                     loss = self.workload.loss(self.model, batch) / accum
+                if self.losses is not None:
+                    self.losses.append(loss.detach())
                 bad = (~torch.isfinite(loss.detach())).sum()
                 self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
                 self.scaler.scale(loss).backward()
@@ -126,11 +132,20 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: TrialResultDoc,
     workload = resolve(spec.workload.spec, spec.workload.params)
     module = prepare_model(workload.build_model(), spec.config).to(device)
     module.train()
+    if spec.config.sharded:
+        # FSDP2 shards the module in place, before its optimizer is built on the shards.
+        module = model = shard(module, spec.config, device, blocks_of(module, workload))
+        applied["sharding"] = sharding_in_force(module, spec.config.sharding)
+        comm = None
     optimizer = rebuild_optimizer(workload.build_optimizer(module), spec.config)
-    # Compiled inside DDP, not around it: Dynamo skips a DDP-wrapped forward that lives in
-    # torch.nn (nn.Linear, nn.Sequential) and would run it eagerly. Whether anything compiled
-    # is read after the first step (``compiled_graphs``), not from the wrapper's type.
-    model, comm = _distributed(compile_model(module, spec.config), spec, device, ranks, result)
+    if not spec.config.sharded:
+        # Compiled inside DDP, not around it: Dynamo skips a DDP-wrapped forward that lives in
+        # torch.nn (nn.Linear, nn.Sequential) and would run it eagerly. Whether anything
+        # compiled is read after the first step (``compiled_graphs``), not the wrapper's type.
+        model, comm = _distributed(compile_model(module, spec.config), spec, device, ranks,
+                                   result)
+    else:
+        model = compile_model(module, spec.config)
     applied.update(model_in_force(module))
     applied["optimizer"], applied["compiled"] = optimizer_in_force(optimizer), "off"
     dataset = workload.build_dataset()

@@ -26,7 +26,9 @@ def flops_for(spec: TrialSpec, workload: Any, module: Any, dataset: Any, device:
     if spec.flops_per_sample:
         return {"flops_per_sample": spec.flops_per_sample, "flops_source": spec.flops_source}
     error = None
-    if spec.count_flops:
+    # Counting runs a forward and autograd.grad outside the step: under FSDP that would gather
+    # and reduce outside the step's order. The workload's own figure stands there.
+    if spec.count_flops and not spec.config.sharded:
         try:
             return {"flops_per_sample": count_flops(workload, module, dataset, device, amp_dtype),
                     "flops_source": COUNTED}

@@ -14,6 +14,7 @@ from autotune.tuner.record.facts import (
     write_flops,
     write_identity,
     write_memory_limit,
+    write_model_size,
     write_probe,
     write_unapplied,
     write_unverified_cpu,
@@ -30,6 +31,7 @@ from autotune.tuner.record.read import (
     read_trials,
     running_twins,
     was_interrupted,
+    was_queued,
     worker_of,
 )
 from autotune.tuner.record.write import (
@@ -60,7 +62,7 @@ __all__ = [
     "mark_claimed", "mark_config", "mark_forecast", "mark_interrupted", "mark_measuring",
     "mark_reused", "of_measurement", "of_no_room", "of_prediction", "queue_baseline",
     "queue_staged", "read_facts", "read_pending", "read_trial", "read_trials",
-    "running_twins", "tell", "was_interrupted", "worker_of", "write_confirmation",
-    "write_diagnosis", "write_flops", "write_identity", "write_memory_limit", "write_probe",
-    "write_unapplied", "write_unverified_cpu",
+    "running_twins", "tell", "was_interrupted", "was_queued", "worker_of", "write_confirmation",
+    "write_diagnosis", "write_flops", "write_identity", "write_memory_limit", "write_model_size",
+    "write_probe", "write_unapplied", "write_unverified_cpu",
 ]

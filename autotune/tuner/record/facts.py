@@ -4,6 +4,7 @@ never applies, the confirmation and the exported diagnosis."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -31,6 +32,8 @@ class StudyFacts:
     unapplied: Mapping[str, str] | None = None  # knobs a script never applies, and why
     confirmation: Confirmation | None = None
     diagnosis: tuple[Mapping[str, Any], ...] = ()  # the exported winner's, for the dashboard
+    # The model's size before any trial (``trial.sizing``), for the memory model of sharding.
+    model_size: Mapping[str, Any] | None = None
 
     @property
     def device(self) -> str:
@@ -55,7 +58,20 @@ def read_facts(study: optuna.Study) -> StudyFacts:
         flops=_mapping(a, "flops"), unapplied=a.get("unapplied"),
         confirmation=_confirmation(a.get("confirmation")),
         diagnosis=tuple(d for d in a.get("diagnosis") or () if isinstance(d, Mapping))
-        if isinstance(a.get("diagnosis"), list) else ())
+        if isinstance(a.get("diagnosis"), list) else (),
+        model_size=_model_size(a.get("model_size")))
+
+
+def _model_size(stored: object) -> Mapping[str, Any] | None:
+    if stored is None:
+        return None
+    try:
+        from autotune.trial.sizing import parse
+
+        return dict(parse(json.dumps(stored)))
+    except (ValueError, TypeError) as exc:
+        left_out("the study's model_size", exc)
+        return None
 
 
 def _mapping(attrs: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -112,6 +128,11 @@ def write_flops(study: optuna.Study, per_sample: float | None, source: str) -> N
 def write_unapplied(study: optuna.Study, reasons: Mapping[str, str]) -> None:
     """The knobs a script was found never to apply, and why (fixed for every later worker)."""
     study.set_user_attr("unapplied", dict(reasons))
+
+
+def write_model_size(study: optuna.Study, size: Mapping[str, Any]) -> None:
+    """The model's size, counted once per study before its first sharded prediction."""
+    study.set_user_attr("model_size", dict(size))
 
 
 def write_confirmation(study: optuna.Study, doc: ConfirmationDoc) -> None:

@@ -163,7 +163,19 @@ class TrialRecord:
                            samples_per_sec=self.samples_per_sec,
                            peak_memory_bytes=self.peak_memory_bytes, spread_cv=self.spread_cv,
                            predicted=self.predicted, number=self.number,
-                           mfu=self.measurement.mfu, peak_tflops=self.measurement.peak_tflops)
+                           mfu=self.measurement.mfu, peak_tflops=self.measurement.peak_tflops,
+                           model_state=_model_state(self.measurement.applied))
+
+
+def _model_state(applied: Mapping[str, Any]) -> dict[str, int] | None:
+    """A trial's ``model_state``, when it is whole non-negative numbers (a trial's report)."""
+    state = applied.get("model_state")
+    keys = ("params", "param_bytes", "grad_bytes", "optimizer_bytes")
+    if not isinstance(state, Mapping) or not all(
+            isinstance(state.get(k), int) and not isinstance(state.get(k), bool)
+            and state[k] >= 0 for k in keys):
+        return None
+    return {k: int(state[k]) for k in keys}
 
 
 # What a malformed stored value raises when it is parsed (a shared study is data from others).
@@ -281,6 +293,12 @@ def running_twins(study: optuna.Study, number: int, config: Config,
 def is_baseline(trial: optuna.Trial | FrozenTrial) -> bool:
     """Whether a trial (asked, or stored) is the baseline's."""
     return bool(trial.user_attrs.get("baseline"))
+
+
+def was_queued(trial: optuna.Trial | FrozenTrial) -> bool:
+    """Whether a trial's config was queued (the baseline, a staged or diagnosis step), not
+    sampled."""
+    return bool(trial.user_attrs.get("baseline") or trial.user_attrs.get("stage"))
 
 
 def baseline_pending(study: optuna.Study) -> bool:

@@ -1,0 +1,70 @@
+"""What a run does when the model does not fit replicated on each rank: it sizes the model once
+(``trial.sizing``) for the memory model of sharding (``tuner.sharding``), and when the baseline runs
+out of memory, or is predicted to, queues the baseline again under the next, more sharded,
+strategy. The memory model rules out each strategy that cannot fit either (the trial is recorded
+with its prediction, not run), so the run's lines say why each strategy ran or not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import optuna
+
+from autotune.config.knobs import Config
+from autotune.config.space import Choices, NarrowedSpace
+from autotune.trial.measurement import Status
+from autotune.trial.sizing import size_model
+from autotune.tuner import record
+from autotune.tuner.sharding import next_strategy
+from autotune.tuner.snapshot import StudySnapshot
+from autotune.units import format_bytes
+from autotune.workloads import WorkloadSpec
+
+
+def size_once(study: optuna.Study, space: NarrowedSpace, workload: WorkloadSpec,
+              note: Callable[[str], None]) -> None:
+    """With sharding searched: the model's size, once per study (a failure is said, and
+    leaves sharding to the OOMs trials measure)."""
+    if "sharding" not in space.searched or record.read_facts(study).model_size is not None:
+        return
+    start = time.monotonic()
+    try:
+        size = size_model(workload.name, dict(workload.params))
+    except ValueError as exc:
+        note(f"the memory model of sharding has no model size: {exc}")
+        return
+    record.write_model_size(study, size)
+    note(f"model: {size['params'] / 1e6:.1f}M parameters, {format_bytes(size['param_bytes'])} "
+         f"({size['units']} FSDP units, the largest {format_bytes(size['largest_unit_bytes'])}),"
+         f" {size['optimizer']}; sized in {time.monotonic() - start:.0f}s")
+
+
+def baseline_now(snap: StudySnapshot, baseline: Config) -> Config:
+    """The baseline in force: the user's, or the next strategy's once the user's did not fit
+    (``next_baseline``)."""
+    queued = [r for r in snap.records if r.is_baseline]
+    return queued[-1].config if queued else baseline
+
+
+def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot,
+                  note: Callable[[str], None]) -> bool:
+    """When every baseline trial so far ran out of memory (or was predicted to) and the space
+    searches sharding: queue the baseline under the next strategy. Returns whether one was
+    queued."""
+    domain = space.searched.get("sharding")
+    if not isinstance(domain, Choices) or snap.baseline is not None:
+        return False
+    ran = [r for r in snap.records if r.is_baseline]
+    if not ran or not all(r.status == Status.OOM or r.predicted_kind == record.Predicted.OOM
+                          for r in ran):
+        return False  # not run yet, or failed for another reason than memory
+    last = ran[-1]
+    nxt = next_strategy([r.config.sharding for r in ran], domain.values)
+    if nxt is None:
+        return False
+    why = "predicted" if last.predicted else "measured"
+    note(f"memory binds: the baseline does not fit {last.config.sharding} ({why}: "
+         f"{last.reason or 'out of memory'}); the baseline again with sharding {nxt}")
+    record.queue_baseline(study, space.params_for(space.variant(last.config, sharding=nxt)))
+    return True

@@ -1,0 +1,150 @@
+"""The memory model of sharding: each strategy's peak per rank before it runs, from measurements.
+
+A rank's peak is what it holds for the model (parameters, gradients, optimizer state, and what a
+strategy gathers or copies), plus its process (imports, buffers) and activations per sample:
+
+  replicated     P + G + O, plus DDP's gradient buckets (G, unless gradients are bucket views)
+                 and autocast's low-precision copy of the weights (P/2 under amp)
+  shard-grad-op  (P + G + O) / S, plus every unit's parameters gathered from forward to backward
+                 (P, halved under amp: FSDP gathers in the amp dtype), plus one unit's gradients
+  full-shard     (P + G + O) / S, plus two units gathered (the one running and the one
+  hybrid-shard   prefetched) and one unit's gradients; S is the ranks of a node for hybrid
+  (sharded, CPU) plus P: the whole model built on each rank before it is sharded, whose pages
+                 the allocator keeps
+
+P and G are the parameters' bytes (``trial.sizing`` counts them before any trial), O the
+optimizer's state: from its class (AdamW: 2 x P) until a trial measures it after a step
+(``trial.shard.model_state``), then measured. The rest, process plus activations, is fitted on
+the trials that ran (any strategy: it does not depend on the strategy) as ``a + b x micro-batch``
+per the knobs that change activations; before any trial, the sizing process's own memory with no
+activations: a lower bound, said so. On CPU the limit holds for all ranks together, so the
+prediction is the ranks' sum there. Pure: the runner reads the study and passes what it found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config.knobs import Config
+from autotune.trial.measurement import Status
+from autotune.tuner.search import Observation, fit_affine
+
+# The order strategies are tried in: the least sharded first (sharding costs communication).
+ORDER = ("replicated", "shard-grad-op", "full-shard", "hybrid-shard")
+# Knobs that change activations per sample (the strategy does not).
+_ACTIVATION_KNOBS = ("amp", "activation_checkpointing", "compile", "attention", "num_workers",
+                     "prefetch_factor")
+
+
+@dataclass(frozen=True)
+class StrategyPeak:
+    """A config's predicted peak: per rank, as the limit counts it (all ranks on CPU), and
+    what it rests on."""
+
+    per_rank: float
+    counted: float  # what the limit is compared with
+    state: float  # the model's part per rank
+    basis: str
+    lower_bound: bool  # no trial measured activations yet
+
+
+def _key(config: Config) -> tuple[Any, ...]:
+    data = config.to_dict()
+    return tuple(data[n] for n in _ACTIVATION_KNOBS)
+
+
+class ShardingModel:
+    """Peak memory per sharding strategy, from the model's size and the trials that ran."""
+
+    def __init__(self, size: Mapping[str, Any], observations: Sequence[Observation],
+                 device: str, per_node: int) -> None:
+        self.size, self.device, self.per_node = size, device, per_node
+        self.param_bytes = float(size["param_bytes"])
+        self.optimizer_bytes = self.param_bytes * int(size["states_per_param"])
+        self.optimizer_basis = (f"{size['optimizer']}'s state assumed at "
+                                f"{size['states_per_param']} x the parameters")
+        measured = next((o for o in reversed(observations) if o.model_state), None)
+        if measured is not None and measured.model_state is not None:
+            group = self.shard_group(measured.config)
+            self.optimizer_bytes = float(measured.model_state["optimizer_bytes"]) * group
+            self.optimizer_basis = (f"{size['optimizer']}'s state measured in trial "
+                                    f"{measured.number}")
+        self._points: dict[tuple[Any, ...], list[tuple[int, float]]] = {}
+        for o in observations:
+            if o.predicted or o.status not in (Status.OK, Status.PRUNED) \
+                    or o.peak_memory_bytes <= 0 or o.config.world_size < 2:
+                continue
+            rest = self.rank_peak(o.config, o.peak_memory_bytes) - self.state(o.config)
+            self._points.setdefault(_key(o.config), []).append(
+                (o.config.micro_batch_size, rest))
+
+    def shard_group(self, config: Config) -> int:
+        """The ranks one copy of the model is sharded over (1: replicated)."""
+        if not config.sharded:
+            return 1
+        return self.per_node if config.sharding == "hybrid-shard" else config.world_size
+
+    def rank_peak(self, config: Config, peak: float) -> float:
+        """One rank's share of a measured peak (on CPU the trial's tree holds every rank)."""
+        return peak / config.world_size if self.device == "cpu" else peak
+
+    def state(self, config: Config) -> float:
+        """The model's bytes per rank under ``config``'s strategy (see the module's table)."""
+        p, o = self.param_bytes, self.optimizer_bytes
+        gathered = 0.5 if config.amp != "off" else 1.0
+        unit = float(self.size["largest_unit_bytes"])
+        if not config.sharded:
+            buckets = 0.0 if config.ddp_gradient_as_bucket_view or config.world_size < 2 else p
+            return p + p + o + buckets + (p / 2 if config.amp != "off" else 0.0)
+        # The model is built whole on each rank before it is sharded (as a trial and
+        # ``Profile.prepare_model`` do; a meta-device build would avoid it), and on CPU the
+        # allocator keeps those pages: measured, they stay in the peak (benchmarks/
+        # sharding_memory.py: without this term full-shard read 13% under its prediction).
+        built = p if self.device == "cpu" else 0.0
+        sharded = built + (p + p + o) / self.shard_group(config)
+        if config.cpu_offload:
+            sharded = 0.0  # held in host memory (CUDA only)
+        if config.sharding == "shard-grad-op":
+            return sharded + gathered * p + unit
+        return sharded + gathered * 2 * unit + unit
+
+    def predict(self, config: Config) -> StrategyPeak:
+        """``config``'s peak by its strategy's state and the fitted rest."""
+        state = self.state(config)
+        points = self._points.get(_key(config), [])
+        fit = fit_affine(points)
+        if fit is not None:
+            rest = fit.at(config.micro_batch_size)
+            basis, lower = f"activations fitted on {len(points)} trials", False
+        elif points:
+            micro, rest = max(points)
+            lower = config.micro_batch_size > micro
+            basis = f"activations measured at micro-batch {micro}" + (
+                " (a larger batch needs more)" if lower else "")
+        else:
+            rest = float(self.size["base_bytes"])
+            basis, lower = "no activations measured yet: a lower bound", True
+        rest = max(rest, 0.0)
+        per_rank = state + rest
+        counted = per_rank * config.world_size if self.device == "cpu" else per_rank
+        return StrategyPeak(per_rank, counted, state,
+                            f"model state {state / 2**30:.2f} GiB per rank "
+                            f"({self.optimizer_basis}), {basis}", lower)
+
+    def words(self, config: Config, peak: StrategyPeak) -> str:
+        """``replicated: predicted 9.80 GiB for the 2 ranks together``."""
+        scope = f"for the {config.world_size} ranks together" if self.device == "cpu" \
+            and config.world_size > 1 else "per rank"
+        at_least = "at least " if peak.lower_bound else ""
+        return (f"{config.sharding}: predicted {at_least}{peak.counted / 2**30:.2f} GiB {scope} "
+                f"at micro-batch {config.micro_batch_size}")
+
+
+def next_strategy(tried: Sequence[str], searched: Sequence[Any]) -> str | None:
+    """The least sharded strategy after those ``tried`` that the space searches."""
+    done = set(tried)
+    return next((s for s in ORDER if s in searched and s not in done
+                 and ORDER.index(s) > max((ORDER.index(t) for t in done if t in ORDER),
+                                          default=-1)), None)
