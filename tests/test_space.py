@@ -93,10 +93,12 @@ def test_narrowing_on_gpus_keeps_everything_with_ranks() -> None:
                                       "ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
                                       "ddp_static_graph", "nccl_algo", "nccl_proto",
                                       "num_workers", "pin_memory", "prefetch_factor",
-                                      "matmul_precision", "cpu_threads"}
+                                      "matmul_precision", "cpu_threads", "sharding",
+                                      "fsdp_reduce_dtype", "cpu_offload"}
+    assert "hybrid-shard" not in narrowed.searched["sharding"].values  # type: ignore[union-attr]
     old = narrow(load_space("default"), fake_gpus(1, compute_capability=(7, 0)), 1, Config())
     assert "bf16" not in old.searched["amp"].values  # type: ignore[union-attr]
-    assert "ddp_bucket_cap_mb" in old.fixed
+    assert "ddp_bucket_cap_mb" in old.fixed and "sharding" in old.fixed
 
 
 def test_baseline_value_always_stays_in_the_space(tmp_path: Path) -> None:

@@ -9,8 +9,9 @@ strategy gathers or copies), plus its process (imports, buffers) and activations
                  (P, halved under amp: FSDP gathers in the amp dtype), plus one unit's gradients
   full-shard     (P + G + O) / S, plus two units gathered (the one running and the one
   hybrid-shard   prefetched) and one unit's gradients; S is the ranks of a node for hybrid
-  (sharded, CPU) plus P: the whole model built on each rank before it is sharded, whose pages
-                 the allocator keeps
+  (sharded, CPU) plus P, measured rather than explained: without it full-shard read 13% under
+                 its prediction (benchmarks/sharding_memory.py). Candidates: each rank builds the
+                 whole model before sharding it; gloo's collectives' staging buffers.
 
 P and G are the parameters' bytes (``trial.sizing`` counts them before any trial), O the
 optimizer's state: from its class (AdamW: 2 x P) until a trial measures it after a step
@@ -98,10 +99,7 @@ class ShardingModel:
         if not config.sharded:
             buckets = 0.0 if config.ddp_gradient_as_bucket_view or config.world_size < 2 else p
             return p + p + o + buckets + (p / 2 if config.amp != "off" else 0.0)
-        # The model is built whole on each rank before it is sharded (as a trial and
-        # ``Profile.prepare_model`` do; a meta-device build would avoid it), and on CPU the
-        # allocator keeps those pages: measured, they stay in the peak (benchmarks/
-        # sharding_memory.py: without this term full-shard read 13% under its prediction).
+        # Measured on CPU, not explained (see the module's table): one more P per rank.
         built = p if self.device == "cpu" else 0.0
         sharded = built + (p + p + o) / self.shard_group(config)
         if config.cpu_offload:
