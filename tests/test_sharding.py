@@ -175,15 +175,16 @@ def test_a_baseline_that_does_not_fit_moves_to_the_least_sharded_that_does(
         memdir: Path) -> None:
     """gpt2 at 100M parameters on 2 ranks under a 4.4 GiB limit (for both together, on
     CPU): replicated is predicted not to fit before anything runs (recorded, not run);
-    shard-grad-op is predicted to fit, runs and runs out of memory (replayed); full-shard
-    runs, becomes the baseline, and every later trial keeps it."""
+    shard-grad-op is predicted to fit, runs and runs out of memory (replayed), as does
+    full-shard at the default micro-batch 8; full-shard at 4 fits, becomes the baseline, and
+    every later trial keeps its strategy."""
     from autotune.testing.replay import ReplayMeasurer, Row
 
     from .conftest import JOURNAL, replayed
 
     def answer(asked: object) -> Row:
         config = asked.config  # type: ignore[attr-defined]
-        if config.sharding != "full-shard":
+        if config.sharding != "full-shard" or config.micro_batch_size >= 8:
             return Row(status="oom", reason="process tree passed the memory limit")
         return Row(10.0 * config.micro_batch_size ** 0.5, peak_memory_bytes=3 * 2**30)
 
@@ -195,9 +196,12 @@ def test_a_baseline_that_does_not_fit_moves_to_the_least_sharded_that_does(
     assert first.is_baseline and first.predicted and first.config.sharding == "replicated"
     assert "replicated: predicted at least" in (first.reason or "")
     assert "for the 2 ranks together" in (first.reason or "")
-    assert [a.config.sharding for a in measure.asked][:2] == ["shard-grad-op", "full-shard"]
+    assert [(a.config.sharding, a.config.micro_batch_size) for a in measure.asked][:3] == [
+        ("shard-grad-op", 8), ("full-shard", 8), ("full-shard", 4)]
     assert "the baseline again with sharding shard-grad-op" in shown
     assert "the baseline again with sharding full-shard" in shown
+    assert "the baseline again with micro-batch 4 (full-shard)" in shown
     assert {a.config.sharding for a in measure.asked[1:]} == {"full-shard"}
     assert summary.baseline is not None and summary.baseline.config.sharding == "full-shard"
+    assert summary.baseline.config.micro_batch_size == 4
     assert summary.best is not None and summary.best.config.sharding == "full-shard"

@@ -50,8 +50,9 @@ def baseline_now(snap: StudySnapshot, baseline: Config) -> Config:
 def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot,
                   note: Callable[[str], None]) -> bool:
     """When every baseline trial so far ran out of memory (or was predicted to) and the space
-    searches sharding: queue the baseline under the next strategy. Returns whether one was
-    queued."""
+    searches sharding: queue the baseline under the next strategy, or, once no strategy fits
+    its micro-batch, the most sharded one at half the batch (what a user does next). Returns
+    whether one was queued."""
     domain = space.searched.get("sharding")
     if not isinstance(domain, Choices) or snap.baseline is not None:
         return False
@@ -60,11 +61,21 @@ def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot
                           for r in ran):
         return False  # not run yet, or failed for another reason than memory
     last = ran[-1]
-    nxt = next_strategy([r.config.sharding for r in ran], domain.values)
-    if nxt is None:
-        return False
+    micro = last.config.micro_batch_size
+    nxt = next_strategy([r.config.sharding for r in ran if r.config.micro_batch_size == micro],
+                        domain.values)
+    if nxt is not None:
+        config, then = space.variant(last.config, sharding=nxt), f"sharding {nxt}"
+    else:  # no strategy fits this batch: the most sharded one at half of it
+        micro //= 2
+        per_rank = (space.global_batch or 0) // space.world_size
+        if micro < 1 or (space.global_batch is not None and per_rank % micro):
+            return False
+        config = space.variant(last.config, micro_batch_size=micro)
+        then = f"micro-batch {micro} ({last.config.sharding})"
     why = "predicted" if last.predicted else "measured"
-    note(f"memory binds: the baseline does not fit {last.config.sharding} ({why}: "
-         f"{last.reason or 'out of memory'}); the baseline again with sharding {nxt}")
-    record.queue_baseline(study, space.params_for(space.variant(last.config, sharding=nxt)))
+    note(f"memory binds: the baseline does not fit {last.config.sharding} at micro-batch "
+         f"{last.config.micro_batch_size} ({why}: {last.reason or 'out of memory'}); the "
+         f"baseline again with {then}")
+    record.queue_baseline(study, space.params_for(config))
     return True
