@@ -67,7 +67,8 @@ class Training:
         for micro in range(accum):
             batch = to_device(next(stream), self.device, self.loader.pin_memory)
             quiet = self.world > 1 and micro < accum - 1
-            with self.model.no_sync() if quiet else contextlib.nullcontext():
+            # DDP's no_sync, or FSDP's gradient sync off: reduced on the last micro-step only.
+            with self.profile.no_sync(self.model) if quiet else contextlib.nullcontext():
                 with self.profile.autocast(self.device):
                     loss = self.workload.loss(self.model, batch) / accum
                 self.scaler.scale(loss).backward()
@@ -105,13 +106,18 @@ def build(profile: autotune.Profile, device: torch.device, world: int = 1,
     if workload is None:
         workload = choose_workload(profile)
     torch.manual_seed(0)
-    # Attention implementation and activation checkpointing, then compile when tuned.
-    module = profile.prepare_model(workload.build_model(), compile=False).to(device)
+    # Attention implementation and activation checkpointing, FSDP2 sharding when the profile
+    # shards (under the process group started in main), then compile when tuned.
+    # Its blocks are the FSDP units: the workload's own (your model's layers), else a
+    # transformers model's (``_no_split_modules``).
+    module = workload.build_model()
+    blocks = workload.blocks(module) if hasattr(workload, "blocks") else None
+    module = profile.prepare_model(module, compile=False, device=device, blocks=blocks).to(device)
     # The tuned optimizer implementation (fused, foreach) for the workload's own optimizer.
     optimizer = profile.apply_optimizer(workload.build_optimizer(module))
     model = profile.compile_model(module)  # torch.compile in the tuned mode, or as is
     dataset = workload.build_dataset()
-    if world > 1:  # DDP around the compiled model, as the trials
+    if world > 1 and not profile.sharded:  # DDP around the compiled model, as the trials
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None,
             **profile.ddp_kwargs())  # bucket size, gradient views, static graph
@@ -215,15 +221,17 @@ def main() -> None:
     seconds = args.seconds if args.seconds is not None else \
         math.inf if autotune.in_trial() else 20.0
     report = measure(training, seconds, args.warmup_steps, args.max_steps or math.inf)
-    model = training.model  # DDP's arguments, as it holds them
+    model = training.model  # DDP's arguments, as it holds them, or FSDP's sharding
     ddp = {"bucket_cap_mb": model.bucket_bytes_cap / 2**20,
            "gradient_as_bucket_view": model.gradient_as_bucket_view,
-           "static_graph": model.static_graph} if world > 1 else {}
+           "static_graph": model.static_graph} if world > 1 and not profile.sharded else {}
+    sharding = profile.sharding_applied(model) if world > 1 and profile.sharded else {}
     if rank == 0:
         tuned = profile.samples_per_sec  # 0 in a trial's candidate profile: nothing measured yet
         print(json.dumps({**report, "profile_samples_per_sec": tuned,
                           "ratio": report["samples_per_sec"] / tuned if tuned else None,
-                          "env": {k: os.environ.get(k) for k in profile.env}, "ddp": ddp}))
+                          "env": {k: os.environ.get(k) for k in profile.env}, "ddp": ddp,
+                          "sharding": sharding}))
     if world > 1:
         dist.destroy_process_group()
 

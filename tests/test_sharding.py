@@ -205,3 +205,22 @@ def test_a_baseline_that_does_not_fit_moves_to_the_least_sharded_that_does(
     assert summary.baseline is not None and summary.baseline.config.sharding == "full-shard"
     assert summary.baseline.config.micro_batch_size == 4
     assert summary.best is not None and summary.best.config.sharding == "full-shard"
+
+
+def test_the_trainer_gets_fsdp2_on_gpus_and_is_told_why_not_elsewhere() -> None:
+    from autotune.config.frameworks import hf_unreached
+    from autotune.integrations.hf import training_args
+
+    full = Config(world_size=2, amp="bf16", sharding="full-shard")
+    args = training_args(full, "cuda")
+    assert args["fsdp"] is True
+    assert args["fsdp_config"] == {"version": 2, "reshard_after_forward": True}
+    grad_op = training_args(Config(world_size=2, sharding="shard-grad-op", cpu_offload=True),
+                            "cuda")["fsdp_config"]
+    assert grad_op == {"version": 2, "reshard_after_forward": False, "cpu_offload": True}
+    assert "fsdp" not in training_args(full, "cpu")
+    assert "accelerate shards only on GPUs" in hf_unreached(full, "cpu")["sharding"]
+    hybrid = Config(world_size=4, sharding="hybrid-shard")
+    assert "fsdp" not in training_args(hybrid, "cuda") and "hybrid" in \
+        hf_unreached(hybrid, "cuda")["sharding"]
+    assert "fsdp" not in training_args(Config(world_size=2), "cuda")  # replicated: DDP

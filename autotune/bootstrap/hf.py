@@ -25,7 +25,7 @@ from typing import Any
 
 from autotune import steps
 from autotune.bootstrap import TRAINER_OUTPUT, TRIAL, hooks, memory, readback
-from autotune.config.frameworks import HF_FIELD_KNOB
+from autotune.config.frameworks import HF_FIELD_KNOB, hf_unreached
 from autotune.config.knobs import Config
 from autotune.config.values import KnobValue
 from autotune.integrations import config_and_device
@@ -98,6 +98,7 @@ def _configure(args: Any, state: _State) -> None:
         elif (knob := HF_FIELD_KNOB.get(name)) is not None:
             state.unreachable[knob] = (f"{knob}: this transformers' TrainingArguments has no "
                                        f"{name} field")
+    state.unreachable.update(hf_unreached(state.config, state.device))
     if state.mode == TRIAL:
         _isolate(args, fields, state)
 
@@ -306,9 +307,28 @@ def _seen(trainer: Any, loader: Any, optimizer: Any) -> dict[str, KnobValue]:
         seen["ddp_static_graph"] = bool(getattr(ddp, "static_graph", False))
         seen["ddp_gradient_as_bucket_view"] = bool(getattr(ddp, "gradient_as_bucket_view",
                                                            False))
+    seen.update(_sharding_seen(model, args))
     flags = torch_flags_in_force()
     seen["cpu_threads"] = flags["threads"]
     seen["matmul_precision"] = flags["matmul_precision"]
+    return seen
+
+
+def _sharding_seen(model: Any, args: Any) -> dict[str, KnobValue]:
+    """How the ranks hold the model, read back from it: FSDP2's units and policy, else
+    replicated (DDP) with several ranks."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from autotune.trial.shard import sharding_in_force
+
+    if not isinstance(model, FSDPModule):
+        return {"sharding": "replicated"} if int(args.world_size) > 1 else {}
+    found = sharding_in_force(model, "?")
+    seen: dict[str, KnobValue] = {
+        "sharding": "full-shard" if found.get("reshard_after_forward") else "shard-grad-op",
+        "cpu_offload": bool(found.get("offload"))}
+    if found.get("param_dtype") is not None:
+        seen["fsdp_reduce_dtype"] = "fp32" if found.get("reduce_dtype") == "float32" else "amp"
     return seen
 
 

@@ -55,6 +55,28 @@ def hf_optim(config: Config, device: str | None) -> str | None:
     return "adamw_torch" if config.optimizer_impl == torch_picks else None
 
 
+def _hf_shards(config: Config, device: str | None) -> bool:
+    return device != "cpu" and hf_unreached(config, device) == {} and config.sharded
+
+
+def hf_unreached(config: Config, device: str | None) -> dict[str, str]:
+    """The sharding knobs a Trainer cannot take from ``config`` measured on ``device``, each
+    with why: accelerate runs FSDP on GPUs only, its FSDP2 plugin has no hybrid mesh, and no
+    reduce dtype of its own (it follows the precision)."""
+    if not config.sharded:
+        return {}
+    if device == "cpu":
+        return {"sharding": f"sharding={config.sharding}: accelerate shards only on GPUs; on a "
+                            "CPU the Trainer's ranks run replicated (DDP)"}
+    if config.sharding == "hybrid-shard":
+        return {"sharding": "sharding=hybrid-shard: the Trainer's FSDP2 (accelerate) takes no "
+                            "hybrid mesh"}
+    if config.amp != "off" and config.fsdp_reduce_dtype == "amp":
+        return {"fsdp_reduce_dtype": "fsdp_reduce_dtype=amp: the Trainer's FSDP2 (accelerate) "
+                                     "sets the reduce dtype from its precision itself"}
+    return {}
+
+
 # In the order ``training_args`` returns them (and ``autotune profile show --hf-args`` prints).
 HF_FIELDS: tuple[HfField, ...] = (
     HfField("per_device_train_batch_size", "micro_batch_size", lambda c, d: c.micro_batch_size),
@@ -85,6 +107,12 @@ HF_FIELDS: tuple[HfField, ...] = (
     HfField("activation_checkpointing_kwargs", "activation_checkpointing",
             lambda c, d: {"use_reentrant": False} if c.activation_checkpointing else None,
             older="gradient_checkpointing_kwargs"),
+    # FSDP2 through accelerate, on GPUs (accelerate shards on no CPU: ``hf_unreached``): the
+    # Trainer wraps its model's layers (``_no_split_modules``).
+    HfField("fsdp", "sharding", lambda c, d: _on(_hf_shards(c, d))),
+    HfField("fsdp_config", "sharding", lambda c, d: {
+        "version": 2, "reshard_after_forward": c.sharding == "full-shard",
+        **({"cpu_offload": True} if c.cpu_offload else {})} if _hf_shards(c, d) else None),
 )
 
 # The knob each field carries, under its name in any transformers (a field the installed one

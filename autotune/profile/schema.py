@@ -48,6 +48,7 @@ from autotune.trial.apply import (
     set_torch_flags,
     uses_grad_scaler,
 )
+from autotune.trial.shard import blocks_of, no_grad_sync, shard, sharding_in_force
 
 if TYPE_CHECKING:
     import torch
@@ -228,11 +229,15 @@ class Profile:
         return rebuild_optimizer(optimizer, self.config)
 
     @_tracked
-    def prepare_model(self, model: Any, compile: bool = True) -> Any:
+    def prepare_model(self, model: Any, compile: bool = True, device: Any = None,
+                      blocks: list[Any] | None = None) -> Any:
         """The model as the trials ran it: its attention implementation and activation
-        checkpointing (transformers models), then ``torch.compile`` in the tuned mode. With
-        DDP, wrap what this returns, as the trials do (compiling around DDP can leave a
-        ``torch.nn`` model uncompiled). Returns the model to train.
+        checkpointing (transformers models), then, for a sharded profile, FSDP2 on each block
+        and the root (``blocks``: default a transformers model's ``_no_split_modules``; under
+        the process group, on ``device``), then ``torch.compile`` in the tuned mode. Build the
+        optimizer on what this returns. A replicated profile: wrap what this returns in DDP, as
+        the trials do (compiling around DDP can leave a ``torch.nn`` model uncompiled); a
+        sharded one needs no wrapper. Returns the model to train.
 
         A knob the model has no way to take (attention or checkpointing on a plain
         ``torch.nn.Module``) stays off, with an ``autotune: not applied: ...`` line on
@@ -248,9 +253,43 @@ class Profile:
             config = dataclasses.replace(config, **{k: getattr(baseline, k) for k in refused})
         try:
             model = prepare_model(model, config)
+            if config.sharding != "replicated":
+                model = self._shard(model, config, device, blocks)
         except ValueError as exc:
             raise ProfileError(str(exc)) from None
         return self.compile_model(model) if compile else model
+
+    def _shard(self, model: Any, config: Config, device: Any, blocks: list[Any] | None) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(f"sharding={config.sharding}: start the process group "
+                             "(torch.distributed.init_process_group) before prepare_model")
+        if dist.get_world_size() == 1:
+            return model  # one rank holds the whole model: nothing to shard
+        device = torch.device(device) if device is not None else torch.device(
+            "cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        ranks = dataclasses.replace(config, world_size=dist.get_world_size())
+        return shard(model.to(device), ranks, device,
+                     blocks if blocks is not None else blocks_of(model))
+
+    @property
+    def sharded(self) -> bool:
+        """Whether ``prepare_model`` shards the model (FSDP2) rather than leaving it to DDP."""
+        return self.config.sharding != "replicated" and self.config.world_size > 1
+
+    def sharding_applied(self, model: Any) -> dict[str, Any]:
+        """What FSDP applied to a model ``prepare_model`` sharded, read back from it (its
+        mesh, units, resharding and mixed-precision dtypes)."""
+        return dict(sharding_in_force(model, self.config.sharding))
+
+    @_tracked
+    def no_sync(self, model: Any) -> Any:
+        """A context manager for the micro-steps of accumulation but the last: DDP's
+        ``no_sync``, or FSDP2's gradient sync switched off (reduced at the last one)."""
+        return no_grad_sync(model)
 
     @_tracked
     def compile_model(self, model: Any) -> Any:

@@ -16,6 +16,7 @@ from autotune.config.space import Choices, NarrowedSpace
 from autotune.trial.measurement import Status
 from autotune.trial.sizing import size_model
 from autotune.tuner import record
+from autotune.tuner.search import micro_values
 from autotune.tuner.sharding import next_strategy
 from autotune.tuner.snapshot import StudySnapshot
 from autotune.units import format_bytes
@@ -47,6 +48,13 @@ def baseline_now(snap: StudySnapshot, baseline: Config) -> Config:
     return queued[-1].config if queued else baseline
 
 
+def _smaller_micro(space: NarrowedSpace, config: Config) -> int | None:
+    """The largest micro-batch below ``config``'s that the space runs (an enqueued value must
+    be one of its own; with --global-batch, those divide it)."""
+    below = [v for v in micro_values(space, config) if v < config.micro_batch_size]
+    return max(below) if below else None
+
+
 def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot,
                   note: Callable[[str], None]) -> bool:
     """When every baseline trial so far ran out of memory (or was predicted to) and the space
@@ -66,13 +74,14 @@ def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot
                         domain.values)
     if nxt is not None:
         config, then = space.variant(last.config, sharding=nxt), f"sharding {nxt}"
-    else:  # no strategy fits this batch: the most sharded one at half of it
-        micro //= 2
-        per_rank = (space.global_batch or 0) // space.world_size
-        if micro < 1 or (space.global_batch is not None and per_rank % micro):
+    else:  # no strategy fits this batch: the most sharded one at the next smaller batch
+        smaller = _smaller_micro(space, last.config)
+        if smaller is None:
+            note(f"memory binds: the baseline fits no strategy at micro-batch {micro}, and the "
+                 "space has no smaller micro-batch (add smaller sizes to micro_batch_size)")
             return False
-        config = space.variant(last.config, micro_batch_size=micro)
-        then = f"micro-batch {micro} ({last.config.sharding})"
+        config = space.variant(last.config, micro_batch_size=smaller)
+        then = f"micro-batch {smaller} ({last.config.sharding})"
     why = "predicted" if last.predicted else "measured"
     note(f"memory binds: the baseline does not fit {last.config.sharding} at micro-batch "
          f"{last.config.micro_batch_size} ({why}: {last.reason or 'out of memory'}); the "
