@@ -114,8 +114,13 @@ def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch
     p = diagnosis_next(GPU_SPACE, base, mem, set(), never)
     assert p is not None and p.config.micro_batch_size == 64
     assert p.config.activation_checkpointing
-    assert diagnosis_next(GPU_SPACE, base, mem, set(),
-                          lambda c: c.micro_batch_size > 32) is None
+    # No larger batch fits with checkpointing: with two ranks, memory binds -> sharding.
+    sharded = diagnosis_next(GPU_SPACE, base, mem, set(), lambda c: c.micro_batch_size > 32)
+    assert sharded is not None and sharded.config.sharding == "shard-grad-op"
+    assert sharded.stage.endswith("-> sharding shard-grad-op")
+    assert sharded.config.micro_batch_size == 32 and sharded.config.activation_checkpointing
+    assert diagnosis_next(GPU_SPACE, base, mem, set(), lambda c: c.micro_batch_size > 32
+                          or c.sharding != "replicated") is None
     # From an incumbent without it: checkpointing first, then (once that ran, whatever it
     # measured at the same batch) the larger batch it is for.
     plain = GPU_SPACE.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
@@ -126,6 +131,26 @@ def test_ruled_out_changes_are_skipped_and_checkpointing_leads_to_a_larger_batch
     assert then is not None and then.config.micro_batch_size == 64
     assert then.config.activation_checkpointing
     assert then.stage.endswith("-> micro-batch 64 with checkpointing")
+
+
+def test_memory_binds_with_ranks_and_sharding_makes_room_for_a_larger_batch() -> None:
+    """With checkpointing out of the space: the next more sharded strategy at the same batch,
+    then the larger batch with it; the sharding after it where that batch cannot fit."""
+    space = GPU_SPACE.fix({"activation_checkpointing": "test"}, Config(world_size=2))
+    base = space.variant(Config(world_size=2), micro_batch_size=32, amp="bf16")
+    mem = [finding("memory-bound", share=0.97)]
+    first = diagnosis_next(space, base, mem, set(), never)
+    assert first is not None and (first.config.sharding, first.config.micro_batch_size) == (
+        "shard-grad-op", 32)
+    then = diagnosis_next(space, base, mem, {first.config}, never)
+    assert then is not None and (then.config.sharding, then.config.micro_batch_size) == (
+        "shard-grad-op", 64)
+    assert then.stage.endswith("-> micro-batch 64 with sharding shard-grad-op")
+    full = diagnosis_next(space, base, mem, {first.config}, lambda c: c.micro_batch_size > 32)
+    assert full is not None and full.config.sharding == "full-shard"
+    one = narrow(load_space("default"), fake_gpus(1), 1, Config())
+    assert diagnosis_next(one, one.variant(Config(), micro_batch_size=32), mem, set(),
+                          lambda c: c.activation_checkpointing) is None  # one rank: no sharding
 
 
 def test_the_optimizer_is_tried_at_the_smallest_batch_that_measured_as_fast_as_the_incumbent(

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 PANELS = (
     "Optimization history",
     "Samples/sec by micro-batch size",
-    "Peak memory by micro-batch size",
+    "Peak memory by micro-batch size (and sharding)",
     "Parameter importance (PED-ANOVA)",
     "Parallel coordinates",
     "Where step time goes",
@@ -35,6 +35,8 @@ PANELS = (
     "Predicted and measured",
 )
 _AMP_COLOURS = {"off": "#1f77b4", "bf16": "#2ca02c", "fp16": "#ff7f0e"}
+_STRATEGY_SYMBOLS = {"replicated": "circle", "shard-grad-op": "square", "full-shard": "triangle-up",
+                     "hybrid-shard": "star"}
 _STATUS_COLOURS = {"ok": "#2ca02c", "oom": "#d62728", "timeout": "#9467bd", "error": "#7f7f7f",
                    "pruned": "#bcbd22", "diverged": "#e377c2"}
 _PARTS = (("data_wait", "data wait", "#ff7f0e"), ("comm_wait", "communication", "#9467bd"),
@@ -122,15 +124,24 @@ def _rate_by_micro(views: list[TrialRecord], limit: int) -> Figure:
 
 
 def _memory_by_micro(views: list[TrialRecord], limit: int) -> Figure:
+    """Peak memory per precision and, where the study sharded, per sharding strategy (each
+    its own marker), against the limit; the strategies the memory model ruled out as
+    predicted points, each with its prediction."""
     go = _go()
     fig = go.Figure()
-    for amp, group in _by_amp(views).items():
+    groups: dict[tuple[str, str], list[TrialRecord]] = {}
+    for v in views:
+        groups.setdefault((v.config.amp, v.config.sharding), []).append(v)
+    sharded = len({sharding for _, sharding in groups}) > 1
+    for (amp, sharding), group in groups.items():
         ran = [v for v in group if v.peak_memory_bytes and not v.predicted]
+        name = "fp32" if amp == "off" else amp
         fig.add_scatter(x=[v.config.micro_batch_size for v in ran],
                         y=[v.peak_memory_bytes / 2**30 for v in ran], mode="markers",
-                        name="fp32" if amp == "off" else amp,
+                        name=f"{name}, {sharding}" if sharded else name,
                         marker={"color": _AMP_COLOURS.get(amp), "size": 9,
-                                "symbol": ["x" if v.status == Status.OOM else "circle"
+                                "symbol": ["x" if v.status == Status.OOM else
+                                           _STRATEGY_SYMBOLS.get(sharding, "circle")
                                            for v in ran]},
                         text=[f"{v.config.describe()}: {v.status}" for v in ran])
     ruled = [v for v in views if v.predicted and v.peak_memory_bytes]

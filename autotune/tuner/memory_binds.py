@@ -16,11 +16,15 @@ from autotune.config.space import Choices, NarrowedSpace
 from autotune.trial.measurement import Status
 from autotune.trial.sizing import size_model
 from autotune.tuner import record
-from autotune.tuner.search import micro_values
+from autotune.tuner.search import Strategies, micro_values
 from autotune.tuner.sharding import next_strategy
 from autotune.tuner.snapshot import StudySnapshot
 from autotune.units import format_bytes
 from autotune.workloads import WorkloadSpec
+
+# What a run of a script fixes: autotune does not shard a script's model in its trials yet.
+SCRIPT_FIXED = dict.fromkeys(("sharding", "fsdp_reduce_dtype", "cpu_offload"),
+                             "a script's model is not sharded by autotune yet")
 
 
 def size_once(study: optuna.Study, space: NarrowedSpace, workload: WorkloadSpec,
@@ -56,11 +60,12 @@ def _smaller_micro(space: NarrowedSpace, config: Config) -> int | None:
 
 
 def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot,
-                  note: Callable[[str], None]) -> bool:
+                  note: Callable[[str], None], model: Strategies | None = None) -> bool:
     """When every baseline trial so far ran out of memory (or was predicted to) and the space
-    searches sharding: queue the baseline under the next strategy, or, once no strategy fits
-    its micro-batch, the most sharded one at half the batch (what a user does next). Returns
-    whether one was queued."""
+    searches sharding: queue the baseline under the next strategy (the least sharded that
+    holds less than those tried, by the memory model of sharding: a rank's state), or, once
+    no strategy fits its micro-batch, the most sharded one at the next smaller batch (what a
+    user does next). Returns whether one was queued."""
     domain = space.searched.get("sharding")
     if not isinstance(domain, Choices) or snap.baseline is not None:
         return False
@@ -71,7 +76,8 @@ def next_baseline(study: optuna.Study, space: NarrowedSpace, snap: StudySnapshot
     last = ran[-1]
     micro = last.config.micro_batch_size
     nxt = next_strategy([r.config.sharding for r in ran if r.config.micro_batch_size == micro],
-                        domain.values)
+                        domain.values, None if model is None else lambda strategy: model.state(
+                            space.variant(last.config, sharding=strategy)))
     if nxt is not None:
         config, then = space.variant(last.config, sharding=nxt), f"sharding {nxt}"
     else:  # no strategy fits this batch: the most sharded one at the next smaller batch

@@ -126,8 +126,7 @@ class Runner:
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
         unapplied = dict(record.read_facts(self.study).unapplied or {})
         if self.command is not None:  # a script has no way to take them yet
-            unapplied.update({k: "a script's model is not sharded by autotune yet" for k in
-                              ("sharding", "fsdp_reduce_dtype", "cpu_offload")})
+            unapplied.update(memory_binds.SCRIPT_FIXED)
         self.steps = TrialSteps(
             opts, hw, self.study, self.storage, self.storage_url, self.limit,
             space.fix(unapplied, self.baseline), self.baseline, self.command,
@@ -187,8 +186,8 @@ class Runner:
         self._measurer = m
 
     def _start_executor(self) -> None:
-        """Say where trials run, and end what a killed earlier driver of this study left
-        running on the engine (its trials were found dead and are measured again)."""
+        """Say where trials run; end what a killed earlier driver of this study left running
+        on the engine (its trials were found dead and are measured again)."""
         if self.executor is None:
             return
         self.reporter.note(f"trials run as {self.executor.describe()}")
@@ -289,7 +288,8 @@ class Runner:
         config without room left two minutes of its search unused)."""
         if snap.pending.waiting:
             return snap.pending.waiting_staged
-        if memory_binds.next_baseline(self.study, self.space, snap, self.reporter.note):
+        if memory_binds.next_baseline(self.study, self.space, snap, self.reporter.note,
+                                      self.steps.memory_model(snap).strategies):
             return True
         baseline = memory_binds.baseline_now(snap, self.baseline)
         self.steps.sharding_now = baseline.sharding

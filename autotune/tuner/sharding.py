@@ -20,13 +20,14 @@ optimizer's state: from its class (AdamW: 2 x P) until a trial measures it after
 (``trial.shard.model_state``), then measured. The rest, process plus activations, is fitted on
 the trials that ran (any strategy: it does not depend on the strategy) as ``a + b x micro-batch``
 per the knobs that change activations; before any trial, the sizing process's own memory with no
-activations: a lower bound, said so. On CPU the limit holds for all ranks together, so the
-prediction is the ranks' sum there. Pure: the runner reads the study and passes what it found.
+activations: a lower bound, said so. On CPU the limit holds for a node's ranks together (they
+share its RAM), so the prediction is their sum there. Pure: the runner reads the study and passes
+what it found.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +90,14 @@ class ShardingModel:
             return 1
         return self.per_node if config.sharding == "hybrid-shard" else config.world_size
 
+    def _on_a_node(self, config: Config) -> int:
+        """The ranks a CPU limit counts together: those of one node (they share its RAM)."""
+        return min(config.world_size, self.per_node)
+
     def rank_peak(self, config: Config, peak: float) -> float:
-        """One rank's share of a measured peak (on CPU the trial's tree holds every rank)."""
-        return peak / config.world_size if self.device == "cpu" else peak
+        """One rank's share of a measured peak (on CPU the trial's tree holds a node's
+        ranks)."""
+        return peak / self._on_a_node(config) if self.device == "cpu" else peak
 
     def state(self, config: Config) -> float:
         """The model's bytes per rank under ``config``'s strategy (see the module's table)."""
@@ -128,23 +134,32 @@ class ShardingModel:
             basis, lower = "no activations measured yet: a lower bound", True
         rest = max(rest, 0.0)
         per_rank = state + rest
-        counted = per_rank * config.world_size if self.device == "cpu" else per_rank
+        counted = per_rank * self._on_a_node(config) if self.device == "cpu" else per_rank
         return StrategyPeak(per_rank, counted, state,
                             f"model state {state / 2**30:.2f} GiB per rank "
                             f"({self.optimizer_basis}), {basis}", lower)
 
     def words(self, config: Config, peak: StrategyPeak) -> str:
         """``replicated: predicted 9.80 GiB for the 2 ranks together``."""
-        scope = f"for the {config.world_size} ranks together" if self.device == "cpu" \
-            and config.world_size > 1 else "per rank"
+        ranks = self._on_a_node(config)
+        node = "" if ranks == config.world_size else " of a node"
+        scope = f"for the {ranks} ranks{node} together" if self.device == "cpu" \
+            and ranks > 1 else "per rank"
         at_least = "at least " if peak.lower_bound else ""
         return (f"{config.sharding}: predicted {at_least}{peak.counted / 2**30:.2f} GiB {scope} "
                 f"at micro-batch {config.micro_batch_size}")
 
 
-def next_strategy(tried: Sequence[str], searched: Sequence[Any]) -> str | None:
-    """The least sharded strategy after those ``tried`` that the space searches."""
-    done = set(tried)
-    return next((s for s in ORDER if s in searched and s not in done
-                 and ORDER.index(s) > max((ORDER.index(t) for t in done if t in ORDER),
-                                          default=-1)), None)
+def next_strategy(tried: Sequence[str], searched: Sequence[Any],
+                  holds: Callable[[str], float] | None = None) -> str | None:
+    """The least sharded strategy the space searches that holds less than every one
+    ``tried``: by the memory model's ``holds`` (a rank's state under a strategy) where there is
+    one (hybrid-shard, sharded within a node only, holds more than full-shard across all),
+    else in ``ORDER``."""
+    left = [s for s in ORDER if s in searched and s not in tried]
+    if holds is None:
+        last = max((ORDER.index(t) for t in tried if t in ORDER), default=-1)
+        return next((s for s in left if ORDER.index(s) > last), None)
+    floor = min((holds(t) for t in tried), default=float("inf"))
+    below = [s for s in left if holds(s) < floor]
+    return max(below, key=holds) if below else None

@@ -5,7 +5,8 @@ the knobs that address the incumbent's diagnosis, one change at a time, before T
   low MFU / compute    -> fused optimizer, torch.compile, TF32, the attention implementation
   unexplained          -> both of the above, loader workers first (a script that reports no
                           data wait: either may be the limit)
-  memory-bound         -> activation checkpointing, then a larger micro-batch with it
+  memory-bound         -> activation checkpointing, then a larger micro-batch with it; with
+                          several ranks, the next more sharded strategy, then a larger batch
   communication-bound  -> bucket size, gradient views, static graph, NCCL algorithm/protocol
 
 The diagnosis is read again after every trial (a change that wins becomes the incumbent, and its
@@ -24,6 +25,7 @@ from autotune.trial.measurement import Status
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.search import Observation, Proposal, on_line
+from autotune.tuner.sharding import ORDER
 
 # What addresses each kind of finding, in the order it is tried.
 REMEDIES: dict[str, tuple[str, ...]] = {
@@ -147,6 +149,31 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
                 if larger is not None and larger not in tried and not ruled_out(larger):
                     return Proposal(larger, f"diagnosis: {words} -> micro-batch "
                                             f"{larger.micro_batch_size} with checkpointing")
+            sharded = _more_sharded(space, incumbent, tried, ruled_out, words)
+            if sharded is not None:
+                return sharded
+    return None
+
+
+def _more_sharded(space: NarrowedSpace, incumbent: Config, tried: Set[Config],
+                  ruled_out: Callable[[Config], bool], words: str) -> Proposal | None:
+    """Memory binds the incumbent: the next more sharded strategy at its batch (sharding holds
+    less per rank, at the cost of communication), and once that ran, the larger batch it may
+    make room for. Only with several ranks and sharding searched."""
+    domain = space.searched.get("sharding")
+    if not isinstance(domain, Choices) or incumbent.world_size < 2:
+        return None
+    at = ORDER.index(incumbent.sharding) if incumbent.sharding in ORDER else len(ORDER)
+    for strategy in (s for s in ORDER[at + 1:] if s in domain.values):
+        config = space.variant(incumbent, sharding=strategy)
+        if ruled_out(config):
+            continue
+        if config not in tried:
+            return Proposal(config, f"diagnosis: {words} -> sharding {strategy}")
+        larger = _larger_micro(space, config)
+        if larger is not None and larger not in tried and not ruled_out(larger):
+            return Proposal(larger, f"diagnosis: {words} -> micro-batch "
+                                    f"{larger.micro_batch_size} with sharding {strategy}")
     return None
 
 
