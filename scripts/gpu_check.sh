@@ -24,6 +24,12 @@
 #                                     puts a wall in the space, the baseline, the confirmation
 #   profile    GPU_PROFILE=0     240  the plain-PyTorch example trains with the study's profile (or
 #                                     the roofline's) and `autotune profile check` re-measures it
+#   sharded    GPU_SHARDED=0      90  FSDP2 as trials apply it (trial/shard.py) on ONE rank over NCCL:
+#                                     GPT-2 small, full-shard and shard-grad-op, bf16 policy with the
+#                                     reduce in bf16, CPU offload; losses against the unsharded model,
+#                                     CUDA peak memory, the read-back. One GPU shows the path runs on
+#                                     CUDA (policy, offload, read-back) and its peak; not what
+#                                     sharding saves across ranks nor its communication (2+ GPUs)
 #
 # A section's cap is NAME_S (ROOFLINE_S=400 ...); its study's --timeout is the cap less 80 s
 # (start-up, export, the stop). Default: 40 + 240 + 280 = 560 s.
@@ -41,15 +47,18 @@ BUDGET=560    # what the default sections must fit in: one 10-minute command, le
 # One probe for the whole check: the first study measures the machine, the others read it.
 export AUTOTUNE_CACHE_DIR="$OUT/cache"
 
-SECTIONS=(preflight tests gpt2 roofline script probe study profile)
+SECTIONS=(preflight tests gpt2 roofline script probe study profile sharded)
 declare -A ON=([preflight]=1 [roofline]="${GPU_ROOFLINE:-0}" [script]="${GPU_SCRIPT:-0}"
                [tests]="${GPU_TESTS:-1}" [gpt2]="${GPU_GPT2:-1}" [probe]="${GPU_PROBE:-0}"
-               [study]="${GPU_STUDY:-0}" [profile]="${GPU_PROFILE:-0}")
+               [study]="${GPU_STUDY:-0}" [profile]="${GPU_PROFILE:-0}"
+               [sharded]="${GPU_SHARDED:-0}")
 declare -A CAP=([preflight]=40 [roofline]="${ROOFLINE_S:-345}" [script]="${SCRIPT_S:-175}"
                 [tests]="${TESTS_S:-240}" [gpt2]="${GPT2_S:-280}" [probe]="${PROBE_S:-120}"
-                [study]="${STUDY_S:-330}" [profile]="${PROFILE_S:-240}")
+                [study]="${STUDY_S:-330}" [profile]="${PROFILE_S:-240}"
+                [sharded]="${SHARDED_S:-90}")
 declare -A SWITCH=([roofline]=GPU_ROOFLINE [script]=GPU_SCRIPT [tests]=GPU_TESTS
-                   [gpt2]=GPU_GPT2 [probe]=GPU_PROBE [study]=GPU_STUDY [profile]=GPU_PROFILE)
+                   [gpt2]=GPU_GPT2 [probe]=GPU_PROBE [study]=GPU_STUDY [profile]=GPU_PROFILE
+                   [sharded]=GPU_SHARDED)
 
 say() { echo "$*" | tee -a "$S"; }
 die() { say "gpu_check: $*"; exit 2; }
@@ -229,6 +238,51 @@ section_profile() {
     | tail -3 >> "$S"
   capped $((cap - 100)) python3 -m autotune profile check "$p" --rounds 2 >> "$S" 2>&1
   say "profile check rc=$?"
+}
+
+section_sharded() {
+  local one
+  one=$(mktemp --suffix .py)
+  cat > "$one" <<'PY'
+import dataclasses, json, torch, torch.distributed as dist
+from autotune.config.knobs import Config
+from autotune.trial.shard import blocks_of, shard, sharding_in_force
+from autotune.workloads import resolve
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+device = torch.device("cuda", 0)
+workload = resolve("gpt2", {"seq_len": 128})
+def steps(model, amp):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(3):
+        ids = torch.randint(0, 50000, (8, 128), generator=g).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True); out.append(loss.item())
+    return out
+for name, kw in (("unsharded", None), ("full-shard", {}), ("shard-grad-op", {}),
+                 ("full-shard bf16 reduce bf16", {"amp": "bf16", "fsdp_reduce_dtype": "amp"}),
+                 ("full-shard offload", {"cpu_offload": True})):
+    torch.manual_seed(0); torch.cuda.reset_peak_memory_stats(device)
+    model = workload.build_model().to(device)
+    seen = {}
+    if kw is not None:
+        config = Config(sharding=name.split()[0], world_size=2, **kw)
+        model = shard(model, config, device, blocks_of(model, workload))
+        seen = sharding_in_force(model, config.sharding)
+    losses = steps(model, bool(kw and kw.get("amp")))
+    print(json.dumps({"config": name, "losses": [round(x, 5) for x in losses],
+                      "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3),
+                      "applied": seen}))
+    del model; torch.cuda.empty_cache()
+dist.destroy_process_group()
+PY
+  capped "${CAP[sharded]}" torchrun --standalone --nproc-per-node 1 "$one" \
+    > "$OUT/sharded.log" 2>&1
+  say "sharded rc=$?"
+  grep '^{' "$OUT/sharded.log" >> "$S"
+  rm -f "$one"
 }
 
 # -- the check -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ driver's study resumed by the same command.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -252,6 +253,25 @@ def _states(db: Path) -> list[str]:
             return [r[0] for r in conn.execute("SELECT state FROM trials")]
     except sqlite3.Error:
         return []
+
+
+def test_a_hybrid_sharded_trial_runs_as_a_step_on_two_nodes(slurm: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    """hybrid-shard across two nodes of two ranks each: each node a shard group, the nodes
+    replicas (a 2 x 2 mesh read back from FSDP in the trial), as one Slurm step."""
+    config = '{"micro_batch_size": 4, "sharding": "hybrid-shard", "world_size": 4}'
+    script = tmp_path / "job.sh"
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --nodes=2", f"#SBATCH --output={tmp_path}/job.out",
+        f"cd {tmp_path}", f"export PYTHONPATH={ROOT}",
+        f"{sys.executable} -m autotune.testing.hybrid {tmp_path}/out.json '{config}'"]) + "\n")
+    sbatch(script, slurm)
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["status"] == "ok", doc["reason"]
+    assert doc["ranks"] == [0, 1, 2, 3]
+    assert doc["sharding"]["strategy"] == "hybrid-shard" and doc["sharding"]["mesh"] == [2, 2]
+    assert doc["sharding"]["units"] == 3 and doc["sharding"]["reshard_after_forward"] is True
+    assert not leftovers(tmp_path) and not steps(slurm, "hybrid")
 
 
 def test_outside_an_allocation_the_executor_is_a_one_line_error(tmp_path: Path) -> None:

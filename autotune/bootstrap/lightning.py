@@ -100,6 +100,10 @@ def report(trainer: Any, config: Config, mode: str, package: str) -> readback.Re
     on stderr."""
     version = getattr(sys.modules.get(package.split(".")[0]), "__version__", "?")
     unreachable = {k: f"{k}: a Lightning script sets {v}" for k, v in OWN_CODE.items()}
+    if config.sharded:
+        unreachable["sharding"] = (
+            f"sharding={config.sharding}: autotune does not set Lightning's FSDP strategy yet; "
+            "the Trainer's ranks run its own strategy")
     found = readback.compare(config, _seen(trainer), unreachable,
                              f"Lightning Trainer ({package.split('.')[0]} {version})")
     found.isolated = list(_isolated)

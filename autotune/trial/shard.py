@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, TypedDict
 
 from autotune.config.knobs import Config
@@ -80,15 +81,19 @@ def shard(module: Any, config: Config, device: Any, blocks: list[Any]) -> Any:
     Parameters are gathered in the amp dtype (bf16/fp16) where amp is on, and gradients reduced
     in fp32 or in that dtype (``fsdp_reduce_dtype``); CPU offload only on CUDA."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    if not config.sharded:
-        raise ValueError(f"sharding={config.sharding} with {config.world_size} rank(s) is not "
-                         "sharded")
+    if config.sharding == "replicated":
+        raise ValueError("sharding=replicated is DDP's, not FSDP's")
     if config.cpu_offload and device.type != "cuda":
         raise ValueError("cpu_offload=true moves GPU memory to the host: there is no GPU here")
-    shape = mesh_shape(config, int(os.environ.get("LOCAL_WORLD_SIZE", config.world_size)))
+    # The process group's ranks (a trial's are the config's; one rank shards over itself,
+    # which exercises FSDP's path without its communication: scripts/gpu_check.sh).
+    world = dist.get_world_size()
+    shape = mesh_shape(replace(config, world_size=world),
+                       int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
