@@ -71,6 +71,8 @@ def hf_flags(profile: Profile) -> str:
         if name == "optim":
             continue
         text = json.dumps(value) if isinstance(value, dict) else str(value)
+        if name == "fsdp":  # the command line takes a strategy's name, not True
+            text = profile.config.sharding.replace("-", "_")
         flags.append(f"--{name} {shlex.quote(text)}")
     lines = [" ".join(flags)]
     optimizer = _optimizer_note(profile)

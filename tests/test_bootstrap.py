@@ -474,9 +474,16 @@ def test_only_tuned_fields_and_the_trials_isolation_reach_training_arguments() -
         # A profile in place of the config and device, as before they were taken apart.
         profile = replace(every, config=config)
         assert training_args(profile) == profile.hf_training_args()
-    never = {"deepspeed", "fsdp", "fsdp_config", "accelerator_config", "hub_token",
+    never = {"deepspeed", "accelerator_config", "hub_token",
              "hub_model_id", "push_to_hub", "report_to", "resume_from_checkpoint", "run_name"}
     assert not set(HF_FIELD_KNOB) & never
+    # FSDP's fields (a sharded config on GPUs) carry a flag and a dict of fixed keys and plain
+    # values, never a path (fsdp_config may name a JSON file) nor a class or module to load.
+    sharded = training_args(Config(world_size=2, sharding="shard-grad-op", cpu_offload=True),
+                            "cuda")
+    assert sharded["fsdp"] is True
+    assert sharded["fsdp_config"] == {"version": 2, "reshard_after_forward": False,
+                                      "cpu_offload": True}
     # What a trial sets of those, it sets to off.
     assert {ISOLATION[k] for k in never & set(ISOLATION)} <= {None, False, "none"}
 

@@ -362,3 +362,15 @@ def test_hf_args_name_a_fused_optimizer_without_replacing_the_scripts(tmp_path: 
 
     built = TrainingArguments(output_dir=str(tmp_path), **fused.hf_training_args())
     assert str(getattr(built.optim, "value", built.optim)) == "adamw_torch_fused"
+
+
+def test_hf_args_of_a_sharded_gpu_profile_parse_as_fsdp2(tmp_path: Path) -> None:
+    """A profile sharded on GPUs prints --fsdp with the strategy's name (the command line
+    refuses True) and its FSDP2 config as JSON, which HfArgumentParser reads back."""
+    for sharding, reshard in (("full-shard", True), ("shard-grad-op", False)):
+        sharded = replace(make({**detect().fingerprint(), "device": "cuda"}),
+                          config=Config(world_size=2, sharding=sharding))
+        args, shown = _pasted(sharded, [], tmp_path)
+        assert f"--fsdp {sharding.replace('-', '_')}" in shown
+        assert args.fsdp_config["version"] == 2
+        assert args.fsdp_config["reshard_after_forward"] is reshard

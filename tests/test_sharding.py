@@ -224,3 +224,20 @@ def test_the_trainer_gets_fsdp2_on_gpus_and_is_told_why_not_elsewhere() -> None:
     assert "fsdp" not in training_args(hybrid, "cuda") and "hybrid" in \
         hf_unreached(hybrid, "cuda")["sharding"]
     assert "fsdp" not in training_args(Config(world_size=2), "cuda")  # replicated: DDP
+
+
+def test_a_memory_bound_finding_cites_each_strategy_measured_or_predicted() -> None:
+    from autotune.trial.measurement import Status
+    from autotune.tuner.search import Observation
+    from autotune.tuner.sharding import ShardingModel, with_strategies
+
+    full = Config(world_size=2, micro_batch_size=8, sharding="full-shard")
+    ran = [Observation(full, Status.OK, 10.0, 3 * 2**30, number=1)]
+    model = ShardingModel(SIZE, ran, "cpu", 2)
+    text, evidence = with_strategies("memory-bound", "memory-bound: peak 3 GiB", {}, full,
+                                     model, ran)
+    assert "full-shard measured 3.00 GiB" in text and "replicated predicted" in text
+    strategies = evidence["strategies"]
+    assert strategies["full-shard"]["measured_bytes"] == 3 * 2**30  # type: ignore[index]
+    assert strategies["replicated"]["measured_bytes"] is None  # type: ignore[index]
+    assert with_strategies("input-bound", "x", {}, full, model, ran) == ("x", {})

@@ -24,6 +24,7 @@ from autotune.trial.measurement import Measurement
 from autotune.tuner import record
 from autotune.tuner.diagnosis import Finding, diagnose, mfu
 from autotune.tuner.record import TrialRecord
+from autotune.tuner.sharding import ShardingModel, with_strategies
 from autotune.tuner.snapshot import StudySnapshot
 
 
@@ -32,11 +33,18 @@ def diagnose_record(snap: StudySnapshot, r: TrialRecord,
     """What limits trial ``r``'s config, from its measurement (with the MFU the tuner
     computed; ``measurement``: the same with the profile's figures), the study's probe and
     what the study measured around it."""
-    return diagnose(measurement or r.measurement, r.config, device=snap.facts.device,
-                    limit=snap.limit,
-                    probe=snap.facts.probe or None,
-                    larger_over_limit=snap.larger_over_limit(r.config), tried=snap.tried(),
-                    unapplied=snap.facts.unapplied)
+    found = diagnose(measurement or r.measurement, r.config, device=snap.facts.device,
+                     limit=snap.limit,
+                     probe=snap.facts.probe or None,
+                     larger_over_limit=snap.larger_over_limit(r.config), tried=snap.tried(),
+                     unapplied=snap.facts.unapplied)
+    size = snap.facts.model_size
+    if size is None or r.config.world_size < 2:
+        return found
+    # With several ranks and a sized model: what each sharding strategy would hold.
+    model = ShardingModel(size, snap.observations, snap.facts.device, r.config.world_size)
+    return [Finding(f.kind, *with_strategies(f.kind, f.text, f.evidence, r.config, model,
+                                             snap.observations)) for f in found]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ what it found.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.config.knobs import Config
@@ -163,3 +163,27 @@ def next_strategy(tried: Sequence[str], searched: Sequence[Any],
     floor = min((holds(t) for t in tried), default=float("inf"))
     below = [s for s in left if holds(s) < floor]
     return max(below, key=holds) if below else None
+
+
+def with_strategies(kind: str, text: str, evidence: dict[str, object], config: Config,
+                    model: ShardingModel, observations: Sequence[Observation]
+                    ) -> tuple[str, dict[str, object]]:
+    """A memory-bound finding's text and evidence with what sharding would hold: each
+    strategy's predicted peak at the config's batch, and its measured peak where a trial of
+    the same config under it ran (the finding cites both, never a prediction as measured)."""
+    if kind != "memory-bound" or config.world_size < 2:
+        return text, evidence
+    found: dict[str, object] = {}
+    words = []
+    for strategy in ORDER[:3]:
+        other = replace(config, sharding=strategy)
+        peak = model.predict(other)
+        ran = max((o.peak_memory_bytes for o in observations if o.config == other
+                   and not o.predicted and o.peak_memory_bytes), default=None)
+        found[strategy] = {"predicted_bytes": int(peak.counted), "lower_bound": peak.lower_bound,
+                           "measured_bytes": ran}
+        shown = f"measured {ran / 2**30:.2f}" if ran else \
+            f"predicted {'>= ' if peak.lower_bound else ''}{peak.counted / 2**30:.2f}"
+        words.append(f"{strategy} {shown} GiB")
+    return (f"{text}; sharding at this batch: {', '.join(words)}",
+            {**evidence, "strategies": found})
