@@ -157,24 +157,6 @@ def test_the_plain_loop_shards_as_a_sharded_profile_says_on_two_ranks(tmp_path: 
                                   "reduce_dtype": "bfloat16", "offload": False}
 
 
-def test_a_sharded_profile_in_a_trainer_on_cpu_says_it_runs_replicated(tmp_path: Path) -> None:
-    """accelerate shards only on GPUs: on a CPU the Trainer gets no fsdp arguments, runs DDP,
-    and the launch's read-back says so, with why."""
-    doc = yaml.safe_load((DATA / "profile_v1_ddp.yaml").read_text())
-    doc["config"] = Config(micro_batch_size=8, amp="bf16", sharding="full-shard",
-                           world_size=2).to_dict()
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
-    out = subprocess.run([sys.executable, "-m", "autotune", "launch", str(tmp_path / "p.yaml"),
-                          "--", *TORCHRUN, str(EXAMPLES / "train_hf.py"), "--max-steps", "2"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["steps"] == 2 and "fsdp" not in report["args"]
-    assert "autotune: not applied: sharding=full-shard: accelerate shards only on GPUs" \
-        in out.stderr
-
-
 def test_hugging_face_trainer_trains_with_the_profile_on_two_ranks(tmp_path: Path) -> None:
     report = run_json([sys.executable, "-m", "autotune", "launch",
                        str(DATA / "profile_v1_ddp.yaml"), "--", *TORCHRUN,
