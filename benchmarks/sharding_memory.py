@@ -63,8 +63,9 @@ def main() -> int:
                 config, m.status, m.samples_per_sec, m.peak_memory_bytes, m.spread_cv,
                 number=n, model_state=dict(m.applied.get("model_state") or {}) or None))
             if not args.json:
+                rate = f", {m.samples_per_sec:.2f} samples/s" if m.samples_per_sec else ""
                 print(f"trial {n}: {config.describe()}: {m.status.value}, peak "
-                      f"{m.peak_memory_bytes / 2**30:.2f} GiB", flush=True)
+                      f"{m.peak_memory_bytes / 2**30:.2f} GiB{rate}", flush=True)
     rows: list[dict[str, Any]] = []
     for o in observations:
         others = [x for x in observations if x.config.sharding != o.config.sharding]
