@@ -241,3 +241,20 @@ def test_a_memory_bound_finding_cites_each_strategy_measured_or_predicted() -> N
     assert strategies["full-shard"]["measured_bytes"] == 3 * 2**30  # type: ignore[index]
     assert strategies["replicated"]["measured_bytes"] is None  # type: ignore[index]
     assert with_strategies("input-bound", "x", {}, full, model, ran) == ("x", {})
+
+
+def test_when_no_strategy_fits_any_batch_the_run_says_so_and_goes_on(
+        memdir: Path) -> None:
+    """Every strategy out of memory down to the space's smallest micro-batch: the run says
+    so and goes on to its end (it once died enqueuing a batch the space does not hold)."""
+    from autotune.testing.replay import ReplayMeasurer, Row
+
+    from .conftest import JOURNAL, replayed
+
+    measure = ReplayMeasurer(lambda asked: Row(status="oom", reason="passed the limit"))
+    summary, shown = replayed(measure, model="gpt2", params={"size": "100M"}, trials=6,
+                              nproc=2, memory_limit="4.4GiB", storage=JOURNAL)
+    assert "the space has no smaller micro-batch" in shown
+    assert summary.baseline is None and not summary.interrupted
+    micro = [(a.config.sharding, a.config.micro_batch_size) for a in measure.asked]
+    assert ("full-shard", 4) in micro and min(m for _, m in micro) == 4
