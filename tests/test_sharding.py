@@ -258,3 +258,20 @@ def test_when_no_strategy_fits_any_batch_the_run_says_so_and_goes_on(
     assert summary.baseline is None and not summary.interrupted
     micro = [(a.config.sharding, a.config.micro_batch_size) for a in measure.asked]
     assert ("full-shard", 4) in micro and min(m for _, m in micro) == 4
+
+
+def test_a_lightning_trainer_is_told_that_autotune_does_not_shard_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Outside a trial (`autotune launch`), a sharded profile's Lightning Trainer read-back
+    names sharding as not applied, with why; a replicated profile claims nothing of it."""
+    from types import SimpleNamespace
+
+    from autotune.bootstrap.lightning import report
+
+    trainer = SimpleNamespace(precision="bf16-mixed", accumulate_grad_batches=1, global_rank=0)
+    sharded = report(trainer, Config(world_size=2, amp="bf16", sharding="full-shard"), "launch",
+                     "lightning.pytorch")
+    assert "does not set Lightning's FSDP strategy" in sharded.fixed["sharding"]
+    assert "autotune: not applied: sharding=full-shard" in capsys.readouterr().err
+    plain = report(trainer, Config(world_size=2, amp="bf16"), "launch", "lightning.pytorch")
+    assert "sharding" not in plain.fixed and "sharding" not in plain.applied
