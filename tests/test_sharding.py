@@ -275,3 +275,25 @@ def test_a_lightning_trainer_is_told_that_autotune_does_not_shard_it(
     assert "autotune: not applied: sharding=full-shard" in capsys.readouterr().err
     plain = report(trainer, Config(world_size=2, amp="bf16"), "launch", "lightning.pytorch")
     assert "sharding" not in plain.fixed and "sharding" not in plain.applied
+
+
+def test_a_model_size_from_a_process_or_a_study_is_checked() -> None:
+    """The sizing process's line and a study's stored size are data: numbers only, bounded."""
+    import json
+
+    import optuna
+
+    from autotune.trial.sizing import MAX_LINE, parse
+    from autotune.tuner.record import read_facts
+
+    assert parse(json.dumps(SIZE)) == SIZE
+    with pytest.raises(ValueError, match="no result"):
+        parse(json.dumps({**SIZE, "pad": "x" * MAX_LINE}))
+    with pytest.raises(ValueError, match="malformed"):
+        parse(json.dumps({**SIZE, "params": -1}))
+    with pytest.warns(UserWarning):
+        study = optuna.create_study()
+        study.set_user_attr("model_size", {**SIZE, "param_bytes": "os.system"})
+        assert read_facts(study).model_size is None
+    study.set_user_attr("model_size", SIZE)
+    assert read_facts(study).model_size == SIZE

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from autotune.errors import one_line
@@ -24,6 +25,7 @@ from autotune.errors import one_line
 STATES_PER_PARAM = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adagrad": 1,
                     "Adadelta": 2, "RMSprop": 1, "SGD": 1, "Rprop": 2, "ASGD": 3}
 ASSUMED_STATES = 2  # an optimizer of another class: assumed Adam-like until a trial measures it
+MAX_LINE = 4096
 _NUMBERS = ("params", "param_bytes", "largest_unit_bytes", "units", "states_per_param",
             "base_bytes")
 
@@ -58,13 +60,19 @@ def size_model(spec: str, params: dict[str, Any], timeout_s: float = 120.0) -> M
 
 
 def parse(text: str) -> ModelSize:
-    """The sizing process's line, checked: whole non-negative numbers and a short name."""
+    """The sizing process's line (a few hundred bytes; a longer one is no result), checked."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text) if len(text) <= MAX_LINE else None
     except ValueError:
-        raise ValueError(f"sizing the model printed no result: {text[:200]!r}") from None
+        doc = None
     if not isinstance(doc, dict):
-        raise ValueError("sizing the model printed no result")
+        raise ValueError(f"sizing the model printed no result: {text[:200]!r}")
+    return check(doc)
+
+
+def check(doc: Mapping[str, Any]) -> ModelSize:
+    """A model size as the process printed it or a study stored it: whole non-negative
+    numbers and a short class name, else ValueError."""
     bad = [k for k in _NUMBERS if isinstance(doc.get(k), bool)
            or not isinstance(doc.get(k), int) or doc[k] < 0]
     name = doc.get("optimizer")

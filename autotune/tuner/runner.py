@@ -288,12 +288,12 @@ class Runner:
         config without room left two minutes of its search unused)."""
         if snap.pending.waiting:
             return snap.pending.waiting_staged
+        model = self.steps.memory_model(snap)
         if memory_binds.next_baseline(self.study, self.space, snap, self.reporter.note,
-                                      self.steps.memory_model(snap).strategies):
+                                      model.strategies):
             return True
         baseline = memory_binds.baseline_now(snap, self.baseline)
         self.steps.sharding_now = baseline.sharding
-        model = self.steps.memory_model(snap)
 
         def too_slow(c: Config) -> bool:
             return self.steps.trial_budget(c, left, snap).ruled_out

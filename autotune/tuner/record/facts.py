@@ -4,7 +4,6 @@ never applies, the confirmation and the exported diagnosis."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -12,6 +11,7 @@ from typing import Any, cast
 import optuna
 
 from autotune.profile.documents import ConfirmationDoc, FindingDoc, ProbeDoc
+from autotune.trial.sizing import check
 from autotune.tuner.confirmation import Confirmation
 from autotune.tuner.record.read import MALFORMED, left_out
 
@@ -66,9 +66,9 @@ def _model_size(stored: object) -> Mapping[str, Any] | None:
     if stored is None:
         return None
     try:
-        from autotune.trial.sizing import parse
-
-        return dict(parse(json.dumps(stored)))
+        if not isinstance(stored, Mapping):
+            raise TypeError(f"a {type(stored).__name__}, not a mapping")
+        return dict(check(stored))
     except (ValueError, TypeError) as exc:
         left_out("the study's model_size", exc)
         return None
