@@ -207,10 +207,15 @@ class ConsoleReporter:
         for line in _confirmation_lines(summary):
             p(line)
         if summary.speedup is not None:
-            how = f" (measured side by side{summary.speedup.per_round()})" \
-                if summary.speedup.kind == CONFIRMED else \
-                " (the search trials' own figures, not confirmed)"
-            p(f"speedup over the baseline: {summary.speedup.value:.2f}x{how}")
+            sp = summary.speedup
+            within = f"{sp.interval.words()}; " if sp.interval is not None else ""
+            how = f" ({within}measured side by side{sp.per_round()})" \
+                if sp.kind == CONFIRMED else " (the search trials' own figures, not confirmed)"
+            p(f"speedup over the baseline: {sp.value:.2f}x{how}")
+            if sp.interval is not None and sp.interval.wide:
+                p(f"  a wide interval: its {sp.interval.rounds} round(s) leave the speedup "
+                  "uncertain; a re-check (`autotune profile check`) or a longer --timeout "
+                  "narrows it")
         elif summary.baseline is not None and summary.best.number != summary.baseline.number:
             p("speedup over the baseline: not claimed (a single timed window; see the profile's "
               "notes)")

@@ -146,39 +146,57 @@ def profile_check(
     allow_edited: Annotated[bool, typer.Option(
         help="Check a profile's script although it changed since it was tuned (its sha256 "
              "differs): the result then measures the script as it is now")] = False,
+    claim: Annotated[bool, typer.Option(
+        help="Measure the profile's baseline too, interleaved with the winner, and check the "
+             "claimed speedup (where the profile claims one)")] = True,
     debug: Debug = False,
 ) -> None:
     """Measure the profile's config again on this machine; exit 1 if it is slower than
-    --threshold x the recorded samples/sec, or no longer runs (a regression check for CI)."""
+    --threshold x the recorded samples/sec, or no longer runs (a regression check for CI).
+    Where the profile claims a speedup, its baseline runs beside it and the speedup now is
+    compared with the claim (said, not part of the exit code)."""
     from autotune.machine.hardware import detect
-    from autotune.tuner.check import check_profile, check_target, check_workload, measure_settings
+    from autotune.tuner.check import (
+        baseline_settings,
+        check_profile,
+        check_target,
+        check_workload,
+        claimed_baseline,
+        measure_settings,
+    )
 
     profile = read_profile(path)
     check_workload(profile, allow_workload, allow_edited)  # before anything is printed or run
     hw = detect()
     check_target(profile, hw)
-    budget = measure_settings(profile).max_seconds  # a bad result.measure: one line, exit 2
+    settings = measure_settings(profile)  # a bad result.measure: one line, exit 2
+    base = claimed_baseline(profile) if claim else None
+    budget = settings.max_seconds + (0.0 if base is None else
+                                     baseline_settings(profile, settings).max_seconds)
+    pair = "" if base is None else ", each beside its baseline (the claimed speedup)"
     typer.echo(f"checking {path}: {profile.config.describe()} on {hw.describe()}, {rounds} "
-               f"round(s) of up to ~{budget:.0f}s of measuring each; recorded "
+               f"round(s) of up to ~{budget:.0f}s of measuring each{pair}; recorded "
                f"{profile.samples_per_sec:,.2f} samples/s")
     sigterm_as_interrupt()
     result = check_profile(profile, rounds=rounds, threshold=threshold, hw=hw,
                            allow_workload=allow_workload, allow_edited=allow_edited,
                            trial_timeout_s=parse_duration(trial_timeout, "--trial-timeout")
-                           or 600.0, on_round=lambda i, m: _show_round(i, rounds, m))
+                           or 600.0, claim=claim,
+                           on_round=lambda i, m, b: _show_round(i, rounds, m, b))
     _show_verdict(profile, result, threshold)
 
 
-def _show_round(index: int, rounds: int, m: Measurement) -> None:
+def _show_round(index: int, rounds: int, m: Measurement, baseline: bool = False) -> None:
     from autotune.units import format_bytes
 
     what = (f"{m.samples_per_sec:,.2f} samples/s, peak {format_bytes(m.peak_memory_bytes)}"
             if m.ok else f"{m.status}: {m.reason}")
-    typer.echo(f"  round {index + 1}/{rounds}: {what}")
+    typer.echo(f"  round {index + 1}/{rounds}{' baseline' if baseline else ''}: {what}")
 
 
 def _show_verdict(profile: Profile, result: CheckResult, threshold: float) -> None:
     """The check's peak memory, ratio and PASS; FAIL and exit 1 when it did not pass."""
+    from autotune.tuner.check import claim_lines
     from autotune.units import format_bytes
 
     recorded_peak = profile.result.get("peak_memory_bytes")
@@ -189,6 +207,8 @@ def _show_verdict(profile: Profile, result: CheckResult, threshold: float) -> No
         typer.echo(f"median {result.median:,.2f} samples/s vs recorded "
                    f"{result.recorded:,.2f}: ratio {result.ratio:.3f} (threshold "
                    f"{threshold:g})")
+    for line in claim_lines(profile, result):
+        typer.echo(line)
     if not result.passed:
         why = "; ".join(result.failures) or f"ratio below {threshold:g}"
         typer.echo(f"FAIL: {why}", err=True)

@@ -188,6 +188,31 @@ def test_lightning_trains_with_the_profile(tmp_path: Path, fixture: str, world: 
         assert report["ddp_kwargs"] == {"bucket_cap_mb": 10, "gradient_as_bucket_view": True}
 
 
+def test_profile_check_measures_the_claimed_baseline_beside_the_winner(tuned_mlp: Path,
+                                                                      tmp_path: Path) -> None:
+    """A profile that claims a speedup over another config: the check runs that baseline in
+    each round beside the winner and states the speedup now against the claim (where it lies
+    is the machine's to say; that it is said is tested in tests/test_claims.py)."""
+    doc = yaml.safe_load(tuned_mlp.read_text())
+    doc["baseline"]["config"] = {**doc["config"], "micro_batch_size": 8}
+    doc["speedup"], doc["speedup_interval"] = 1.5, {"low": 1.3, "high": 1.7, "level": 0.9}
+    (tmp_path / "claim.yaml").write_text(yaml.safe_dump(doc))
+    out = autotune("profile", "check", "claim.yaml", "--rounds", "1", "--threshold", "0.01",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "each beside its baseline (the claimed speedup)" in out.stdout
+    assert re.search(r"round 1/1: [\d,.]+ samples/s", out.stdout)
+    assert re.search(r"round 1/1 baseline: [\d,.]+ samples/s", out.stdout)
+    assert re.search(r"speedup now [\d.]+x \([\d.]+-[\d.]+x\) against 1.50x \(1.30-1.70x\) "
+                     r"claimed \(1 round\(s\) side by side\)\n  (inside|below|above) the claimed",
+                     out.stdout), out.stdout
+    # --no-claim: the winner alone, as a CI gate on its rate.
+    alone = autotune("profile", "check", "claim.yaml", "--rounds", "1", "--threshold", "0.01",
+                     "--no-claim", cwd=tmp_path)
+    assert alone.returncode == 0 and "baseline" not in alone.stdout.split("\n", 1)[1], \
+        alone.stdout
+
+
 def test_profile_check_fails_below_its_threshold(tuned_mlp: Path, tmp_path: Path) -> None:
     # The passing check is tested with the loop above. Here a threshold no re-measurement
     # can meet: the check fails with exit 1 and says why.

@@ -322,7 +322,12 @@ def test_the_headline_speedup_is_the_profiles_confirmed_side_by_side() -> None:
     profile = build_profile(snapshot.read(study), "sqlite://")
     assert profile is not None and profile.speedup == 1.63
     # With each round's own ratio (160/99, 166/101): how far one round is from another.
-    assert rows["speedup"] == "1.63x (confirmed side by side; per round 1.62x, 1.64x)"
+    # With its interval (tuner.interval), the profile's: where a re-check of two rounds lands.
+    assert rows["speedup"] == ("1.63x (1.46-1.82x, 90% interval; confirmed side by side; per "
+                               "round 1.62x, 1.64x)")
+    assert profile.speedup_interval is not None
+    assert (profile.speedup_interval["low"], profile.speedup_interval["high"]) == (1.46, 1.819)
+    assert profile.speedup_interval["rounds"] == 2
     assert "2.16" not in rows["speedup"]
     # Each figure says what it rests on: the confirmation's medians, the search trial's own.
     assert rows["best"] == ("batch 64x1, fp32, workers 0: 163.00 samples/s (confirmed median; "

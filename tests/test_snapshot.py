@@ -5,6 +5,7 @@ old-format trials included."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -133,6 +134,11 @@ def test_start_up_compile_costs_and_the_shortest_useful_trial_read_what_ran() ->
 # -- the confirmation, the winner and the speedup -----------------------------------------
 
 
+def bare(speedup: Speedup | None) -> Speedup | None:
+    """The speedup without its interval (tests/test_interval.py checks those)."""
+    return None if speedup is None else replace(speedup, interval=None)
+
+
 def test_the_confirmation_covers_the_study_and_names_the_winner() -> None:
     conf = confirmed(3, cand(BASE, [99.0, 101.0]), cand(FAST_IN_SEARCH, [180.0, 181.0]),
                      cand(FAST_CONFIRMED, [198.0, 202.0]))
@@ -142,8 +148,10 @@ def test_the_confirmation_covers_the_study_and_names_the_winner() -> None:
     assert snap.best == FAST_IN_SEARCH  # the search's figure ...
     assert snap.winner == FAST_CONFIRMED  # ... is not what the confirmation decided
     # 200 / 100, side by side; each round's ratio: 198 / 99 and 202 / 101.
-    assert snap.speedup == Speedup(2.0, CONFIRMED, (2.0, 2.0))
-    assert snap.speedup.words() == "2.00x (confirmed side by side; per round 2.00x, 2.00x)"
+    assert bare(snap.speedup) == Speedup(2.0, CONFIRMED, (2.0, 2.0))
+    # Two rounds that agree: the prior's noise alone (tuner.interval), for a re-check of two.
+    assert snap.speedup.words() == ("2.00x (1.79-2.23x, 90% interval; confirmed side by side; "
+                                    "per round 2.00x, 2.00x)")
     # Repeats and ruled-out configs add no measured trial: the confirmation still covers it.
     more = study(BASE, FAST_IN_SEARCH, FAST_CONFIRMED, rec(3, 16, 210.0, reused_from=1),
                  rec(4, 512, status="pruned", peak=0, predicted_kind=Predicted.OOM),
@@ -158,11 +166,13 @@ def test_a_confirmed_speedup_says_each_rounds_ratio_where_the_rounds_pair_up() -
     three = confirmed(2, cand(BASE, [100.0, 80.0, 125.0]),
                       cand(FAST_CONFIRMED, [250.0, 160.0, 200.0]))
     speedup = study(BASE, FAST_CONFIRMED, confirmation=three).speedup
-    assert speedup == Speedup(2.0, CONFIRMED, (2.5, 2.0, 1.6))  # medians 200 / 100
-    assert speedup.words() == "2.00x (confirmed side by side; per round 2.50x, 2.00x, 1.60x)"
+    assert bare(speedup) == Speedup(2.0, CONFIRMED, (2.5, 2.0, 1.6))  # medians 200 / 100
+    assert speedup.words().endswith("confirmed side by side; per round 2.50x, 2.00x, 1.60x)")
+    assert speedup.interval is not None and speedup.interval.wide  # rounds that disagree
     one = confirmed(2, cand(BASE, [100.0]), cand(FAST_CONFIRMED, [250.0]))
     alone = study(BASE, FAST_CONFIRMED, confirmation=one).speedup
-    assert alone == Speedup(2.5, CONFIRMED, (2.5,)) and alone.per_round() == ""
+    assert bare(alone) == Speedup(2.5, CONFIRMED, (2.5,)) and alone.per_round() == ""
+    assert alone.interval is not None and alone.interval.rounds == 1
     many = Speedup(2.0, CONFIRMED, (2.1, 1.9, 2.0, 2.2, 1.8))
     assert many.words() == "2.00x (confirmed side by side; per round 1.80-2.20x)"
     uneven = confirmed(2, cand(BASE, [100.0, 100.0]), cand(FAST_CONFIRMED, [200.0, 210.0, 190.0]))
@@ -354,7 +364,8 @@ def test_a_study_is_read_once_into_its_records_facts_and_pending_trials() -> Non
     assert snap.pending.waiting == 1 and snap.pending.waiting_staged
     assert snap.confirmation is not None and snap.confirmation.to_doc() == conf
     assert snap.winner is not None and snap.winner.number == 2
-    assert snap.speedup == Speedup(1.5, CONFIRMED, (round(148 / 99, 3), round(152 / 101, 3)))
+    assert bare(snap.speedup) == Speedup(1.5, CONFIRMED,
+                                         (round(148 / 99, 3), round(152 / 101, 3)))
     # A run's own limit wins over the study's: a 1.5 GiB limit leaves the baseline.
     tight = snapshot.read(s, int(1.5 * GIB))
     assert tight.limit == int(1.5 * GIB) and tight.best is not None and tight.best.number == 0

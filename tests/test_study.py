@@ -68,7 +68,9 @@ def test_small_study_end_to_end(workdir: Path) -> None:
     assert base.params["micro_batch_size"] == 32 and base.config.amp == "off"
     assert base.params["num_workers"] == 0 and stored(study, base).constraints["memory"] == \
         pytest.approx(base.peak_memory_bytes - snap.facts.memory_limit_bytes)
-    assert len(stored(study, base).intermediate_values) >= 3  # each window's throughput
+    # Each window's throughput (how many fit the 5 s budget depends on the machine's load).
+    windows = base.measurement.windows
+    assert len(stored(study, base).intermediate_values) == len(windows) >= 1
     profile = load_profile(workdir / "studies" / study.study_name / "profile.yaml")
     best = max((t for t in trials if t.status == "ok"), key=lambda t: stored(study, t).value)
     best_value, base_value = stored(study, best).value, stored(study, base).value

@@ -55,7 +55,7 @@ def _measured(p: Profile) -> list[str]:
                      + (f" of a {format_bytes(limit)} limit" if limit else ""))
     base_rate, base_config = base.get("samples_per_sec"), base.get("config")
     if base_rate and base_config:
-        speedup = f"; speedup {p.speedup:g}x" if p.speedup else ""
+        speedup = f"; speedup {p.speedup:g}x{interval_words(p)}" if p.speedup else ""
         lines.append(f"baseline   {Config.from_dict(base_config).describe()}: "
                      f"{base_rate:,.2f} samples/s{speedup}")
     mfu = r.get("mfu")
@@ -64,6 +64,20 @@ def _measured(p: Profile) -> list[str]:
                      f"measured peak {r.get('peak_tflops'):g} TFLOP/s per device; "
                      f"{r.get('flops_per_sample'):.3g} FLOPs/sample ({r.get('flops_source')})")
     return lines
+
+
+def interval_words(p: Profile) -> str:
+    """' (2.02-2.57x, 90% interval)' where the profile states its speedup's interval."""
+    iv = p.speedup_interval
+    if not iv or not _number(iv.get("low")) or not _number(iv.get("high")):
+        return ""
+    level = iv.get("level")
+    of = f", {100 * level:.0f}% interval" if level is not None and _number(level) else ""
+    return f" ({iv['low']:.2f}-{iv['high']:.2f}x{of})"
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def fingerprint_diff(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
@@ -87,5 +101,6 @@ def profile_diff(a: Profile, b: Profile) -> list[str]:
     for key in ("samples_per_sec", "spread_cv", "peak_memory_bytes", "memory_limit_bytes"):
         compare("result.", {key: a.result.get(key)}, {key: b.result.get(key)})
     compare("", {"speedup": a.speedup}, {"speedup": b.speedup})
+    compare("", {"speedup_interval": a.speedup_interval}, {"speedup_interval": b.speedup_interval})
     compare("fingerprint.", a.fingerprint, b.fingerprint)
     return lines

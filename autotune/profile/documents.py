@@ -90,11 +90,23 @@ class CandidateDoc(TypedDict, total=False):
     samples_per_sec: list[float]
     median: float | None
     spread_cv: float
+    window_cvs: list[float]  # each round's in-process spread
     peak_memory_bytes: int
     baseline: bool
     failures: list[str]
     measure: dict[str, MeasureValue]
     screened_out: str  # why it ran in the first round only
+
+
+class IntervalDoc(TypedDict, total=False):
+    """Where a re-check of the speedup lands: ``level`` of re-checks of as many interleaved
+    rounds, on the machine as it was (``tuner.interval``)."""
+
+    low: Required[float]
+    high: Required[float]
+    level: float
+    rounds: int
+    method: str
 
 
 class DecisionDoc(TypedDict, total=False):

@@ -28,6 +28,7 @@ from autotune.profile.documents import (
     BaselineDoc,
     ConfirmationDoc,
     FindingDoc,
+    IntervalDoc,
     ProbeDoc,
     ProvenanceDoc,
     ResultDoc,
@@ -102,6 +103,8 @@ class Profile:
     # The machine's probe in a few numbers (peaks, links, flags), and what limits this config.
     probe: ProbeDoc | None = None
     diagnosis: list[FindingDoc] = field(default_factory=list)
+    # Where a re-check of ``speedup`` lands (a confirmed win only).
+    speedup_interval: IntervalDoc | None = None
 
     # -- what was tuned -------------------------------------------------------------------------
 
@@ -350,6 +353,7 @@ class Profile:
             "result": self.result,
             "baseline": self.baseline,
             "speedup": self.speedup,
+            **({"speedup_interval": self.speedup_interval} if self.speedup_interval else {}),
             "fingerprint": self.fingerprint,
             "provenance": self.provenance,
             "notes": list(self.notes),

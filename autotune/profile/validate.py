@@ -18,6 +18,7 @@ from autotune.profile.documents import (
     BaselineDoc,
     ConfirmationDoc,
     FindingDoc,
+    IntervalDoc,
     ProbeDoc,
     ProvenanceDoc,
     ResultDoc,
@@ -27,12 +28,13 @@ from autotune.profile.schema import READS, SCHEMA, SCHEMA_VERSION, Profile
 _SCHEMA_RE = re.compile(r"autotune\.profile/v(\d+)")
 _MAPPINGS = ("workload", "config", "env", "result", "baseline", "fingerprint", "provenance")
 _REQUIRED = ("schema", *_MAPPINGS, "speedup")
-_OPTIONAL = (("confirmation", dict), ("notes", list), ("diagnosis", list), ("probe", dict))
+_OPTIONAL = (("confirmation", dict), ("notes", list), ("diagnosis", list), ("probe", dict),
+             ("speedup_interval", dict))
 # Each block's type (``documents``): what its readers may rely on once it has loaded.
 _DOCUMENTS: dict[str, object] = {
     "result": ResultDoc, "baseline": BaselineDoc, "provenance": ProvenanceDoc,
     "confirmation": ConfirmationDoc, "probe": ProbeDoc, "diagnosis": list[FindingDoc],
-    "notes": list[str]}
+    "notes": list[str], "speedup_interval": IntervalDoc}
 
 
 def check_schema(schema: object, source: str) -> None:
@@ -79,7 +81,8 @@ def from_dict(data: Any, source: str = "<profile>") -> Profile:
                    fingerprint=data["fingerprint"], provenance=data["provenance"],
                    notes=list(data.get("notes") or []),
                    confirmation=data.get("confirmation") or None,
-                   probe=data.get("probe") or None, diagnosis=list(data.get("diagnosis") or []))
+                   probe=data.get("probe") or None, diagnosis=list(data.get("diagnosis") or []),
+                   speedup_interval=data.get("speedup_interval") or None)
 
 
 def _shape_problems(data: Mapping[str, Any]) -> list[str]:

@@ -13,9 +13,10 @@ import statistics
 import tempfile
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from autotune.config.knobs import Config, env_for
 from autotune.errors import UsageError
 from autotune.machine.hardware import Hardware, detect
 from autotune.profile import Profile
@@ -23,6 +24,7 @@ from autotune.trial import launch
 from autotune.trial.command import Command, parse_command
 from autotune.trial.measurement import INTERRUPTED, Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
+from autotune.tuner.interval import Interval, ratio_interval
 from autotune.workloads import WorkloadSpec, builtin_workloads
 
 
@@ -43,6 +45,22 @@ class CheckResult:
     rates: list[float] = field(default_factory=list)  # one per ok round
     failures: list[str] = field(default_factory=list)  # "round N: status: reason"
     peaks: list[int] = field(default_factory=list)
+    # The claim checked: the baseline's reading in each round (None: it failed in that round),
+    # and the winner's in each round, paired with them (None where it failed).
+    baseline_rates: list[float | None] = field(default_factory=list)
+    baseline_failures: list[str] = field(default_factory=list)
+    paired_rates: list[float | None] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> tuple[float, Interval | None] | None:
+        """The winner's speedup over the baseline now, from the rounds both ran in: the ratio
+        of their medians, with the interval of its per-round ratios (``tuner.interval``)."""
+        pairs = [(w, b) for w, b in zip(self.paired_rates, self.baseline_rates, strict=False)
+                 if w and b]
+        if not pairs:
+            return None
+        value = statistics.median(w for w, _ in pairs) / statistics.median(b for _, b in pairs)
+        return value, ratio_interval(value, [w / b for w, b in pairs])
 
     @property
     def median(self) -> float | None:
@@ -131,12 +149,37 @@ class UntrackedWarning(UserWarning):
     """The profile's command is identified by less than its script (``Command.untracked``)."""
 
 
+def claimed_baseline(profile: Profile) -> Profile | None:
+    """The profile with its baseline's config, where the profile claims a speedup over a
+    baseline it names (another config than its own): what a check of the claim measures beside
+    the winner. None where there is no claim to check."""
+    config = profile.baseline.get("config")
+    if not profile.speedup or profile.speedup == 1.0 or not isinstance(config, dict):
+        return None
+    base = Config.from_dict(config)
+    return None if base == profile.config else replace(profile, config=base, env=env_for(base))
+
+
+def baseline_settings(profile: Profile, settings: MeasureSettings) -> MeasureSettings:
+    """How the confirmation measured the baseline (its budget sized to its own steps), else as
+    the winner was."""
+    cands = profile.confirmation.get("candidates") or [] if profile.confirmation else []
+    found = next((c.get("measure") for c in cands if isinstance(c, dict) and c.get("baseline")),
+                 None)
+    try:
+        return MeasureSettings.from_dict(found) if found else settings
+    except (TypeError, ValueError):
+        return settings
+
+
 def check_profile(profile: Profile, *, rounds: int, threshold: float,
                   trial_timeout_s: float = 600.0,
-                  on_round: Callable[[int, Measurement], None] | None = None,
+                  on_round: Callable[[int, Measurement, bool], None] | None = None,
                   hw: Hardware | None = None, allow_workload: str | None = None,
-                  allow_edited: bool = False) -> CheckResult:
-    """Measure the profile's config ``rounds`` times, each in a fresh trial process."""
+                  allow_edited: bool = False, claim: bool = True) -> CheckResult:
+    """Measure the profile's config ``rounds`` times, each in a fresh trial process; with
+    ``claim`` and a claimed speedup, its baseline too, interleaved (the first of the pair
+    alternates from round to round, so neither always runs on a machine the other warmed)."""
     workload = check_workload(profile, allow_workload, allow_edited)
     if rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {rounds}")
@@ -146,28 +189,76 @@ def check_profile(profile: Profile, *, rounds: int, threshold: float,
     hw = hw or detect()
     check_target(profile, hw)
     result = CheckResult(recorded=profile.samples_per_sec, threshold=threshold)
-    spec = TrialSpec(
-        workload, profile.config, hw.device, measure_settings(profile),
-        memory_limit_bytes=profile.result.get("memory_limit_bytes"))
+    settings = measure_settings(profile)
     command = parse_command(script_command(profile)) if workload.spec == "command" else None
     if command is not None and command.untracked:
         warnings.warn(command.untracked, UntrackedWarning, stacklevel=2)
+    base = claimed_baseline(profile) if claim else None
+    base_settings = baseline_settings(profile, settings)
+
+    def measure(p: Profile, workdir: Path) -> Measurement:
+        spec = TrialSpec(workload, p.config, hw.device,
+                         base_settings if p is base else settings,
+                         memory_limit_bytes=profile.result.get("memory_limit_bytes"))
+        if command is not None:  # the script, loading this profile, as it was tuned
+            plan = launch.plan_command(spec, command, workdir=workdir,
+                                       timeout_s=trial_timeout_s, profile=p.to_yaml())
+        else:
+            plan = launch.plan(spec, workdir=workdir, timeout_s=trial_timeout_s)
+        m = classify(launch.execute(plan), hw.device)
+        if m.ended_by == INTERRUPTED:
+            raise KeyboardInterrupt
+        return m
+
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         for r in range(rounds):
-            workdir = Path(tmp) / str(r + 1)
-            if command is not None:  # the script, loading this profile, as it was tuned
-                p = launch.plan_command(spec, command, workdir=workdir,
-                                        timeout_s=trial_timeout_s, profile=profile.to_yaml())
-            else:
-                p = launch.plan(spec, workdir=workdir, timeout_s=trial_timeout_s)
-            m = classify(launch.execute(p), hw.device)
-            if m.ended_by == INTERRUPTED:
-                raise KeyboardInterrupt
-            if m.ok and m.samples_per_sec:
-                result.rates.append(m.samples_per_sec)
-                result.peaks.append(m.peak_memory_bytes)
-            else:
-                result.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
-            if on_round is not None:
-                on_round(r, m)
+            order = [(profile, False)] + ([] if base is None else [(base, True)])
+            for p, is_base in (order if r % 2 == 0 else order[::-1]):
+                m = measure(p, Path(tmp) / f"{r + 1}{'-baseline' if is_base else ''}")
+                ok = m.ok and bool(m.samples_per_sec)
+                if is_base:
+                    result.baseline_rates.append(m.samples_per_sec if ok else None)
+                    if not ok:
+                        result.baseline_failures.append(f"round {r + 1}: {m.status}: {m.reason}")
+                elif ok:
+                    result.rates.append(m.samples_per_sec or 0.0)
+                    result.paired_rates.append(m.samples_per_sec)
+                    result.peaks.append(m.peak_memory_bytes)
+                else:
+                    result.paired_rates.append(None)
+                    result.failures.append(f"round {r + 1}: {m.status}: {m.reason}")
+                if on_round is not None:
+                    on_round(r, m, is_base)
     return result
+
+
+def claim_lines(profile: Profile, result: CheckResult) -> list[str]:
+    """What the check says of the profile's claimed speedup: the speedup now, with its
+    interval, against the claim and its interval, and whether it lies inside; nothing where
+    the baseline did not run beside the winner."""
+    if not result.baseline_rates:
+        return []
+    failed = [f"baseline {f}" for f in result.baseline_failures]
+    now = result.speedup
+    if now is None:
+        return ["speedup now: not measured (no round ran both the winner and the baseline: "
+                + "; ".join(failed + result.failures) + ")"]
+    value, iv = now
+    within = "" if iv is None else f" ({iv.low:.2f}-{iv.high:.2f}x)"
+    claimed = float(profile.speedup or 0.0)
+    doc = profile.speedup_interval
+    low, high = (doc.get("low"), doc.get("high")) if doc else (None, None)
+    has_interval = isinstance(low, int | float) and isinstance(high, int | float)
+    theirs = f" ({low:.2f}-{high:.2f}x)" if has_interval else ""
+    lines = [f"speedup now {value:.2f}x{within} against {claimed:.2f}x{theirs} claimed"
+             f" ({len([r for r in result.baseline_rates if r])} round(s) side by side)"]
+    if has_interval and low is not None and high is not None:
+        if low <= value <= high:
+            lines.append("  inside the claimed interval")
+        else:
+            side = "below" if value < low else "above"
+            lines.append(f"  {side} the claimed interval: the machine or the software is not "
+                         "as it was when the claim was measured (see the profile's notes: a "
+                         "machine that changed during its confirmation is named there)")
+    lines += [f"  {f}" for f in failed]
+    return lines

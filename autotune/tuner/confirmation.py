@@ -56,6 +56,7 @@ class Candidate:
             "samples_per_sec": [round(r, 4) for r in self.rates],
             "median": None if self.median is None else round(self.median, 4),
             "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
+            "window_cvs": [round(c, 4) for c in self.window_cvs],
             "baseline": self.is_baseline, "failures": self.failures, "measure": self.measure}
         if self.screened_out:
             doc["screened_out"] = self.screened_out
@@ -302,6 +303,7 @@ class Confirmed:
     baseline: bool
     failures: tuple[str, ...] = ()
     measure: Mapping[str, Any] = field(default_factory=dict)
+    window_cvs: tuple[float, ...] = ()  # each round's in-process spread (older studies: none)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Confirmed:
@@ -310,7 +312,8 @@ class Confirmed:
                    median=d.get("median"), spread_cv=float(d.get("spread_cv") or 0.0),
                    peak_memory_bytes=int(d.get("peak_memory_bytes") or 0),
                    baseline=bool(d.get("baseline")), failures=tuple(d.get("failures") or ()),
-                   measure=dict(d.get("measure") or {}))
+                   measure=dict(d.get("measure") or {}),
+                   window_cvs=tuple(float(c) for c in d.get("window_cvs") or ()))
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,8 @@ def build_profile(snap: StudySnapshot, storage: str,
     return Profile(
         workload=dict(snap.facts.workload), config=config, env=env_for(config), result=result,
         baseline=base_block, speedup=None if speedup is None else speedup.value,
+        speedup_interval=speedup.interval.to_doc()
+        if speedup is not None and speedup.interval is not None else None,
         probe=snap.facts.probe, diagnosis=[f.to_doc() for f in findings],
         fingerprint=fingerprint,
         provenance={"study": snap.name, "storage": storage, "trials": len(snap.measured),

@@ -18,6 +18,7 @@ from autotune.trial.measurement import Status
 from autotune.tuner import record
 from autotune.tuner.confirmation import Confirmation, Confirmed
 from autotune.tuner.diagnosis import MemoryWall, Tried, TriedConfig
+from autotune.tuner.interval import Interval, ratio_interval
 from autotune.tuner.record import Pending, Predicted, StudyFacts, TrialRecord
 from autotune.tuner.search import Observation
 
@@ -36,6 +37,7 @@ class Speedup:
     value: float
     kind: str
     rounds: tuple[float, ...] = ()
+    interval: Interval | None = None  # confirmed: where a re-check lands (``tuner.interval``)
 
     def per_round(self) -> str:
         """'; per round 2.67x, 2.37x' (a range past four rounds) where there are two or more
@@ -47,7 +49,10 @@ class Speedup:
         return "; per round " + ", ".join(f"{r:.2f}x" for r in self.rounds)
 
     def words(self) -> str:
-        return f"{self.value:.2f}x ({self.kind}{self.per_round()})"
+        """'2.28x (2.02-2.57x, 90% interval; confirmed side by side; per round 2.35x,
+        2.22x)'."""
+        within = f"{self.interval.words()}; " if self.interval is not None else ""
+        return f"{self.value:.2f}x ({within}{self.kind}{self.per_round()})"
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,9 @@ class StudySnapshot:
                 return Speedup(1.0, CONFIRMED)  # not the baseline's rounds over themselves
             mine, theirs = conf.of(win.number) if win else None, conf.baseline
             if mine and theirs and mine.median and theirs.median:
-                return Speedup(round(mine.median / theirs.median, 3), CONFIRMED,
-                               _per_round(mine, theirs))
+                value, rounds = round(mine.median / theirs.median, 3), _per_round(mine, theirs)
+                return Speedup(value, CONFIRMED, rounds, ratio_interval(
+                    value, rounds, (*mine.window_cvs, *theirs.window_cvs)))
         if win is None or base is None or not win.samples_per_sec or not base.samples_per_sec \
                 or win.spread_cv is None or base.spread_cv is None:
             return None
