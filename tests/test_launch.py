@@ -87,12 +87,15 @@ def _run(tmp_path: Path, spec: str, timeout: float = 60, config: Config | None =
 def test_mlp_trial_reports_a_valid_result(tmp_path: Path) -> None:
     events: list[dict] = []
     p = plan(TrialSpec(WorkloadSpec("mlp", {}), Config(micro_batch_size=32), device="cpu",
-                       measure=MeasureSettings.from_dict(FAST)),
+                       measure=MeasureSettings.from_dict(FAST), sentinel=("fp32", "bf16")),
              workdir=tmp_path, timeout_s=60)
     raw = execute(p, on_event=events.append)
     assert raw.returncode == 0 and check_result(raw.result) == []
     m = classify(raw)
     assert m.ok and m.samples_per_sec and m.samples_per_sec > 0
+    # The sentinel read the machine before the warm-up: each precision asked, and the copy.
+    assert {"matmul_fp32_gflops", "matmul_bf16_gflops", "copy_gbs"} <= set(m.sentinel)
+    assert m.sentinel["world_size"] == 1 and m.sentinel["threads"] >= 1
     assert len(m.windows) >= 3 and m.warmup["steps"] >= 2
     assert m.peak_memory_bytes > 50 * 2**20  # a torch process: tens of MiB at least
     assert {"built", "warmup_step", "window"} <= {e["event"] for e in events}

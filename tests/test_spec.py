@@ -16,7 +16,7 @@ def test_a_trial_spec_survives_its_json_form() -> None:
     spec = TrialSpec(WorkloadSpec("mlp", {"hidden": 8}), Config(micro_batch_size=16, amp="bf16"),
                      "cuda", MeasureSettings(min_window_s=0.5, max_seconds=20),
                      memory_limit_bytes=2**30, address_space_bytes=None,
-                     flops_per_sample=1e6, flops_source=COUNTED)
+                     flops_per_sample=1e6, flops_source=COUNTED, sentinel=("fp32", "bf16"))
     assert TrialSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     counting = TrialSpec(WorkloadSpec("mlp", {}), Config(), count_flops=True)
     assert counting.to_json()["flops"] == {}

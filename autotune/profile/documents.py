@@ -91,6 +91,7 @@ class CandidateDoc(TypedDict, total=False):
     median: float | None
     spread_cv: float
     window_cvs: list[float]  # each round's in-process spread
+    sentinel: list[dict[str, float]]  # each round's reading of the machine (trial.sentinel)
     peak_memory_bytes: int
     baseline: bool
     failures: list[str]
@@ -107,6 +108,7 @@ class IntervalDoc(TypedDict, total=False):
     level: float
     rounds: int
     method: str
+    machine_changed: bool  # its rounds ran on a machine that changed (the profile's notes say how)
 
 
 class DecisionDoc(TypedDict, total=False):
@@ -128,6 +130,8 @@ class ConfirmationDoc(TypedDict, total=False):
     measured_trials: int
     planned_rounds: int
     stopped_early: str | None
+    machine_changed: list[str]  # the sentinel's rates that moved under it, a line each
+    round_added: bool  # a round ran beyond the plan because the machine moved
     measure: dict[str, MeasureValue]
     candidates: list[CandidateDoc]
     decision: DecisionDoc

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypedDict
 
+from autotune.trial import sentinel
 from autotune.trial.protocol import WindowStats
 from autotune.trial.protocol import median_and_cv as median_and_cv  # its home before protocol
 from autotune.trial.result import (
@@ -165,6 +166,9 @@ class Measurement:
     # A trial of the user's script: its name, steps per rank, the Profile methods it called
     # (``steps.accessed``), and whether it left the sample count to the config.
     script: ScriptInfo = field(default_factory=ScriptInfo)
+    # The sentinel's reading of the machine before the warm-up (``trial.sentinel``): rates
+    # of a fixed matmul per precision and a memory copy, its seconds, threads and ranks.
+    sentinel: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Stored values come back as strings: typed once, here. An unknown one is malformed.
@@ -227,6 +231,7 @@ class _Common(TypedDict, total=False):
     applied: Applied
     compile: CompileInfo
     script: ScriptInfo
+    sentinel: dict[str, float]
 
 
 def classify(raw: RawResult, device: str = "cpu") -> Measurement:
@@ -309,7 +314,8 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
     status = doc["status"]
     common = {**common, "applied": Applied(**(doc.get("applied") or {})),
               "compile": CompileInfo(**(doc.get("compile") or {})),
-              "script": ScriptInfo(**(doc.get("script") or {}))}
+              "script": ScriptInfo(**(doc.get("script") or {})),
+              "sentinel": sentinel.clean(doc.get("sentinel"))}
     if status != "ok":
         rough = doc.get("first_step_samples_per_sec")
         ended: EndedBy | None = None

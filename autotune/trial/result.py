@@ -180,6 +180,7 @@ class TrialResultDoc(TypedDict, total=False):
     flops_per_sample: float | None
     flops_source: str | None
     flops_count_error: str
+    sentinel: dict[str, float]  # the machine's speed before the warm-up (``trial.sentinel``)
 
 
 def check_result(doc: Any) -> list[str]:

@@ -105,6 +105,8 @@ class TrialSpec:
     flops_per_sample: float | None = None
     flops_source: str | None = None
     count_flops: bool = False
+    # The precisions the sentinel reads (``trial.sentinel``): a study's; none, no reading.
+    sentinel: tuple[str, ...] = ()
     # The wall clock (time.time()) at which the trial's timeout ends it: written by the
     # launcher as it starts the trial, so a trial that cannot warm up and time a window by
     # then stops itself, as too slow, instead of being killed with nothing.
@@ -119,6 +121,7 @@ class TrialSpec:
                 "flops": ({"per_sample": self.flops_per_sample, "source": self.flops_source}
                           if self.flops_per_sample else {}),
                 "count_flops": self.count_flops,
+                **({"sentinel": list(self.sentinel)} if self.sentinel else {}),
                 **({"ends_by": self.ends_by} if self.ends_by is not None else {})}
 
     @classmethod
@@ -132,5 +135,6 @@ class TrialSpec:
                    address_space_bytes=doc.get("address_space_bytes"),
                    flops_per_sample=flops.get("per_sample"), flops_source=flops.get("source"),
                    count_flops=bool(doc.get("count_flops")),
+                   sentinel=tuple(str(p) for p in doc.get("sentinel") or ()),
                    ends_by=finite_number(dict(doc), "ends_by"))
 

@@ -47,6 +47,7 @@ from autotune.tuner.confirmation import (
     screen,
     settled,
 )
+from autotune.tuner.drift import Change, changes
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SCREEN, CONFIRM_SHARE
 from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
@@ -167,6 +168,9 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     for c in cands:
         c.measure = each[c.number].to_dict()
     done, stopped, one, round_s, active = 0, None, None, 0.0, cands
+    search = [r.measurement.sentinel for r in snap.measured if r.measurement.sentinel]
+    moved: list[Change] = []
+    added = False  # the round added because the machine moved
     while True:
         started = time.monotonic()
         results = _round(done, max(planned, done + 1), active,
@@ -185,6 +189,11 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         more = another_round(done, planned, rounds, round_s, left)
         one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
         stopped = one or (settled(cands, limit, headroom) if more else None)
+        moved = changes(search, sentinel_rounds(cands, done))
+        if moved and not added and another_round(done, done + 1, rounds + 1, round_s, left):
+            # A round on the machine as it is now: the decision and the interval see it.
+            added, stopped, one = True, None, None
+            continue
         if stopped or not more:
             break
     if done < 2 and not one:
@@ -196,11 +205,18 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     decision = decide(cands, limit, headroom)
     record.write_confirmation(study, {
         "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
-        "stopped_early": stopped,
+        "stopped_early": stopped, "machine_changed": [c.line() for c in moved],
+        "round_added": added,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
         "created": datetime.now(UTC).isoformat(timespec="seconds")})
     return None
+
+
+def sentinel_rounds(cands: list[Candidate], done: int) -> list[list[dict[str, float]]]:
+    """The sentinel's readings of each of ``done`` rounds, one per config that ran in it."""
+    return [[c.sentinels[i] for c in cands if i < len(c.sentinels) and c.sentinels[i]]
+            for i in range(done)]
 
 
 def next_round_s(results: list[tuple[Candidate, Measurement]], active: list[Candidate],
@@ -229,6 +245,7 @@ def another_round(done: int, planned: int, rounds: int, round_s: float,
 def _record(r: int, results: list[tuple[Candidate, Measurement]]) -> None:
     """Add one complete round's results to its candidates."""
     for c, m in results:
+        c.sentinels.append(dict(m.sentinel))
         if m.ok and m.samples_per_sec:
             c.rates.append(m.samples_per_sec)
             c.peaks.append(m.peak_memory_bytes)

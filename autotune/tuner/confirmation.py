@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from autotune.config.knobs import Config
 from autotune.profile.documents import CandidateDoc, ConfirmationDoc, DecisionDoc, MeasureValue
+from autotune.trial.sentinel import clean
 from autotune.tuner.search import HEADROOM, NOISE_FLOOR
 from autotune.units import format_duration
 
@@ -34,6 +35,7 @@ class Candidate:
     failures: list[str] = field(default_factory=list)
     measure: dict[str, MeasureValue] = field(default_factory=dict)  # how its rounds measured
     screened_out: str | None = None  # why it ran in the first round only (``screen``)
+    sentinels: list[dict[str, float]] = field(default_factory=list)  # each round's reading
 
     @property
     def median(self) -> float | None:
@@ -57,6 +59,7 @@ class Candidate:
             "median": None if self.median is None else round(self.median, 4),
             "spread_cv": round(self.spread, 4), "peak_memory_bytes": self.peak,
             "window_cvs": [round(c, 4) for c in self.window_cvs],
+            "sentinel": [{k: round(v, 3) for k, v in s.items()} for s in self.sentinels],
             "baseline": self.is_baseline, "failures": self.failures, "measure": self.measure}
         if self.screened_out:
             doc["screened_out"] = self.screened_out
@@ -304,6 +307,7 @@ class Confirmed:
     failures: tuple[str, ...] = ()
     measure: Mapping[str, Any] = field(default_factory=dict)
     window_cvs: tuple[float, ...] = ()  # each round's in-process spread (older studies: none)
+    sentinels: tuple[Mapping[str, float], ...] = ()  # each round's reading (``trial.sentinel``)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Confirmed:
@@ -313,7 +317,8 @@ class Confirmed:
                    peak_memory_bytes=int(d.get("peak_memory_bytes") or 0),
                    baseline=bool(d.get("baseline")), failures=tuple(d.get("failures") or ()),
                    measure=dict(d.get("measure") or {}),
-                   window_cvs=tuple(float(c) for c in d.get("window_cvs") or ()))
+                   window_cvs=tuple(float(c) for c in d.get("window_cvs") or ()),
+                   sentinels=tuple(clean(s) for s in d.get("sentinel") or ()))
 
 
 @dataclass(frozen=True)
@@ -345,6 +350,9 @@ class Confirmation:
     raw: Mapping[str, Any]  # the stored form, kept whole (later versions may add keys)
     planned_rounds: int = 0
     stopped_early: str | None = None  # why rounds stopped before the plan's end
+    # The sentinel's rates that moved under it (``tuner.drift``), a line each: its speedup
+    # ran on a machine that changed.
+    machine_changed: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Confirmation:
@@ -352,6 +360,8 @@ class Confirmation:
                    rounds=int(d.get("rounds") or 0),
                    planned_rounds=int(d.get("planned_rounds") or d.get("rounds") or 0),
                    stopped_early=d.get("stopped_early"),
+                   machine_changed=tuple(str(x) for x in d.get("machine_changed") or ()
+                                         if isinstance(x, str)),
                    candidates=tuple(Confirmed.from_dict(c) for c in d.get("candidates") or ()),
                    decision=StoredDecision.from_dict(d.get("decision") or {}),
                    measure=dict(d.get("measure") or {}), raw=dict(d))

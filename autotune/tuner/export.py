@@ -118,7 +118,7 @@ def build_profile(snap: StudySnapshot, storage: str,
     return Profile(
         workload=dict(snap.facts.workload), config=config, env=env_for(config), result=result,
         baseline=base_block, speedup=None if speedup is None else speedup.value,
-        speedup_interval=speedup.interval.to_doc()
+        speedup_interval=speedup.interval.to_doc(bool(speedup.machine_changed))
         if speedup is not None and speedup.interval is not None else None,
         probe=snap.facts.probe, diagnosis=[f.to_doc() for f in findings],
         fingerprint=fingerprint,
@@ -232,6 +232,11 @@ def _confirmed(snap: StudySnapshot, result: ResultDoc, base_block: BaselineDoc,
             base_block["spread_cv"] = base.spread_cv
             notes.append(f"speedup measured side by side: {conf.rounds} interleaved rounds of "
                          "the top configs and the baseline")
+    if conf.machine_changed:
+        notes.append("the machine changed during the confirmation (the sentinel read before "
+                     "each trial): " + "; ".join(conf.machine_changed) + ": the speedup's "
+                     "rounds ran on a changed machine, and a re-check may differ from it by "
+                     "more than its interval")
     d = conf.decision
     if conf.no_win:
         runner = conf.of(d.runner_up_trial) if d.runner_up_trial is not None else None

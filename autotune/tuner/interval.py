@@ -65,9 +65,9 @@ class Interval:
         """'2.02-2.57x' (with the level): for a line that already names the speedup."""
         return f"{self.low:.2f}-{self.high:.2f}x, {100 * self.level:.0f}% interval"
 
-    def to_doc(self) -> IntervalDoc:
+    def to_doc(self, machine_changed: bool = False) -> IntervalDoc:
         return {"low": round(self.low, 3), "high": round(self.high, 3), "level": self.level,
-                "rounds": self.rounds, "method": METHOD}
+                "rounds": self.rounds, "method": METHOD, "machine_changed": machine_changed}
 
 
 def ratio_interval(center: float, ratios: Sequence[float],

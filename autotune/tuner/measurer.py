@@ -16,7 +16,9 @@ from typing import Protocol, cast
 
 import optuna
 
+from autotune.config.domains import Choices
 from autotune.config.knobs import Config, env_for
+from autotune.config.narrowing import NarrowedSpace
 from autotune.errors import one_line
 from autotune.machine.hardware import Hardware
 from autotune.machine.monitor import GpuMonitor
@@ -29,6 +31,7 @@ from autotune.trial.launch import Nodes
 from autotune.trial.measurement import Measurement, classify
 from autotune.trial.progress import OnEvent, ProgressEvent
 from autotune.trial.reports import finite_number
+from autotune.trial.sentinel import precisions_of
 from autotune.trial.spec import COUNTED, MeasureSettings, TrialSpec
 from autotune.tuner import fleet, record
 from autotune.tuner.diagnosis import with_efficiency
@@ -43,6 +46,15 @@ class MeasureTrial(Protocol):
     def __call__(self, config: Config, workdir: Path, timeout: float, settings: MeasureSettings,
                  prune_below: float | None = None,
                  on_event: OnEvent | None = None) -> Measurement: ...
+
+
+def sentinel_precisions(space: NarrowedSpace, baseline: Config) -> tuple[str, ...]:
+    """The precisions the study's configs run in, for the sentinel to read in each trial: the
+    searched amp values, the fixed one and the baseline's."""
+    domain = space.searched.get("amp")
+    amps = list(domain.values) if isinstance(domain, Choices) else []
+    fixed = space.fixed.get("amp")
+    return precisions_of([*amps, baseline.amp, *([fixed[0]] if fixed else [])])
 
 
 def compile_cache(workdir: Path) -> Path:
@@ -71,6 +83,7 @@ class Measurer:
     executor: Executor | None = None  # a cluster engine (``trial.executors``); None: here
     slot: int = 0  # which of the executor's node sets this measurer's trials take
     interrupt: threading.Event | None = None  # set: end the trial as Ctrl-C would (threads)
+    sentinel: tuple[str, ...] = ()  # the precisions the sentinel reads in each trial
 
     @contextlib.contextmanager
     def devices(self) -> Iterator[tuple[list[int], dict[str, str]]]:
@@ -121,7 +134,8 @@ class Measurer:
                          address_space_bytes=self.address_space_bytes,
                          flops_per_sample=flops.get("per_sample"),
                          flops_source=flops.get("source"),
-                         count_flops=not flops and self.command is None)
+                         count_flops=not flops and self.command is None,
+                         sentinel=self.sentinel)
         with self.devices() as (gpus, env):
             if config.compile != "off":
                 # One Inductor cache per study (next to its trials): a config compiled once

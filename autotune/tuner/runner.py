@@ -43,7 +43,7 @@ from autotune.tuner import (
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.export import diagnose_record
 from autotune.tuner.identity import Identity, default_name, open_study
-from autotune.tuner.measurer import Measurer, MeasureTrial
+from autotune.tuner.measurer import Measurer, MeasureTrial, sentinel_precisions
 from autotune.tuner.options import RunOptions
 from autotune.tuner.parallel import SerialReporter, run_slots
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
@@ -122,7 +122,7 @@ class Runner:
                   f"study {self.study_name}",
             on_wait=lambda line: self.reporter.note(line),
             address_space_bytes=opts.address_space_bytes, command=self.command,
-            executor=self.executor)
+            executor=self.executor, sentinel=sentinel_precisions(space, self.baseline))
         # Knobs the script was found never to apply (a resumed study's, from its first trial).
         unapplied = dict(record.read_facts(self.study).unapplied or {})
         if self.command is not None:  # a script has no way to take them yet

@@ -38,6 +38,8 @@ class Speedup:
     kind: str
     rounds: tuple[float, ...] = ()
     interval: Interval | None = None  # confirmed: where a re-check lands (``tuner.interval``)
+    # The sentinel's rates that moved under the confirmation (``tuner.drift``), a line each.
+    machine_changed: tuple[str, ...] = ()
 
     def per_round(self) -> str:
         """'; per round 2.67x, 2.37x' (a range past four rounds) where there are two or more
@@ -52,7 +54,9 @@ class Speedup:
         """'2.28x (2.02-2.57x, 90% interval; confirmed side by side; per round 2.35x,
         2.22x)'."""
         within = f"{self.interval.words()}; " if self.interval is not None else ""
-        return f"{self.value:.2f}x ({within}{self.kind}{self.per_round()})"
+        changed = "; the machine changed during the confirmation" \
+            if self.machine_changed else ""
+        return f"{self.value:.2f}x ({within}{self.kind}{self.per_round()}{changed})"
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,8 @@ class StudySnapshot:
             if mine and theirs and mine.median and theirs.median:
                 value, rounds = round(mine.median / theirs.median, 3), _per_round(mine, theirs)
                 return Speedup(value, CONFIRMED, rounds, ratio_interval(
-                    value, rounds, (*mine.window_cvs, *theirs.window_cvs)))
+                    value, rounds, (*mine.window_cvs, *theirs.window_cvs)),
+                    conf.machine_changed)
         if win is None or base is None or not win.samples_per_sec or not base.samples_per_sec \
                 or win.spread_cv is None or base.spread_cv is None:
             return None

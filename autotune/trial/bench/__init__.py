@@ -92,6 +92,10 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
     from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, protocol_for, warm_up
 
     timings, settings = result["timings"], spec.measure
+    if spec.sentinel:  # before the config's knobs are applied: the same work in every trial
+        from autotune.trial.sentinel import read
+
+        result["sentinel"] = read(device, spec.sentinel, ranks.world)
     t0 = time.time()
     trainer = build(spec, device, ranks, result, memory)
     timings["build_s"] = time.time() - t0

@@ -1,0 +1,110 @@
+"""Whether the machine changed under a run: the sentinel's readings (``trial.sentinel``, taken
+in every trial process before its warm-up) compared between the confirmation's rounds, and
+between the search and the confirmation. Pure.
+
+A rate counts as changed when it moved by more than ``K`` times its own noise, and never by
+less than ``FLOOR``: the noise is the readings' robust spread over the search's trials (the
+scaled median absolute deviation: a few odd readings do not widen it), or ``FLOOR`` / ``K``
+where fewer than ``MIN_READINGS`` were taken. Readings compare only with readings of as many
+ranks (ranks read at once, on shared cores).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune.trial.sentinel import describe, rates, unit
+
+FLOOR = 0.05
+K = 3.0
+MIN_READINGS = 3
+
+Reading = Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One rate that moved: its median before and after, where, and its noise."""
+
+    metric: str
+    before: float
+    after: float
+    where: str  # "between confirmation rounds 1 and 2", "from the search to the confirmation"
+    noise: float
+
+    @property
+    def moved(self) -> float:
+        return self.after / self.before - 1.0
+
+    def line(self) -> str:
+        return (f"{describe(self.metric)} {self.before:,.1f} -> {self.after:,.1f} "
+                f"{unit(self.metric)} {self.where} ({100 * self.moved:+.0f}%; its noise "
+                f"{100 * self.noise:.1f}%)")
+
+
+def noise(readings: Sequence[Reading]) -> dict[str, float]:
+    """Each rate's relative noise over ``readings``: 1.4826 x the median absolute deviation
+    over the median; rates read fewer than ``MIN_READINGS`` times are left out."""
+    out = {}
+    for name in sorted({k for r in readings for k in rates(r)}):
+        values = [r[name] for r in readings if name in r]
+        if len(values) < MIN_READINGS:
+            continue
+        mid = statistics.median(values)
+        mad = statistics.median(abs(v - mid) for v in values)
+        out[name] = 1.4826 * mad / mid
+    return out
+
+
+def threshold(noise_cv: float | None) -> float:
+    """How far a rate must move to count as changed."""
+    return max(FLOOR, K * (noise_cv if noise_cv is not None else 0.0))
+
+
+def of_ranks(readings: Sequence[Reading], world_size: float) -> list[Reading]:
+    """The readings of trials of ``world_size`` ranks (an unlabelled one counts as one)."""
+    return [r for r in readings if r.get("world_size", 1.0) == world_size]
+
+
+def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> list[Change]:
+    """The rates that moved between the confirmation's ``rounds`` (each round's readings: one
+    per config it ran) or from the ``search`` trials' readings to the confirmation's."""
+    taken = [r for rnd in rounds for r in rnd if rates(r)]
+    if not taken:
+        return []
+    world = taken[0].get("world_size", 1.0)
+    search = of_ranks(search, world)
+    per_round = [of_ranks(rnd, world) for rnd in rounds]
+    cvs = noise(search)
+    found = []
+    for name in sorted({k for r in taken for k in rates(r)}):
+        limit = threshold(cvs.get(name))
+        shown = cvs.get(name, FLOOR / K)
+        for i, rnd in enumerate(per_round):
+            # Within a round: its configs, one after another, read the machine differently
+            # (the round's ratio compares a config on one machine with one on another).
+            values = [r[name] for r in rnd if name in r]
+            if len(values) >= 2 and max(values) / min(values) - 1.0 > limit:
+                first = values[0]
+                far = max(values[1:], key=lambda v: abs(v / first - 1.0))
+                found.append(Change(name, first, far, f"within confirmation round {i + 1}",
+                                    shown))
+        medians = [(i, statistics.median(v)) for i, rnd in enumerate(per_round)
+                   if (v := [r[name] for r in rnd if name in r])]
+        if len(medians) >= 2:
+            (lo_i, lo), (hi_i, hi) = min(medians, key=lambda m: m[1]), \
+                max(medians, key=lambda m: m[1])
+            if hi / lo - 1.0 > limit:
+                first, second = sorted(((lo_i, lo), (hi_i, hi)))
+                found.append(Change(name, first[1], second[1],
+                                    f"between confirmation rounds {first[0] + 1} and "
+                                    f"{second[0] + 1}", shown))
+        before = [r[name] for r in search if name in r]
+        after = [r[name] for rnd in per_round for r in rnd if name in r]
+        if before and after:
+            b, a = statistics.median(before), statistics.median(after)
+            if abs(a / b - 1.0) > limit:
+                found.append(Change(name, b, a, "from the search to the confirmation", shown))
+    return found
