@@ -69,42 +69,53 @@ def of_ranks(readings: Sequence[Reading], world_size: float) -> list[Reading]:
 
 
 def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> list[Change]:
-    """The rates that moved between the confirmation's ``rounds`` (each round's readings: one
-    per config it ran) or from the ``search`` trials' readings to the confirmation's."""
+    """The rates that moved within or between the confirmation's ``rounds`` (each round's
+    readings: one per config it ran, in order) or from the ``search`` trials' readings to the
+    confirmation's."""
     taken = [r for rnd in rounds for r in rnd if rates(r)]
     if not taken:
         return []
     world = taken[0].get("world_size", 1.0)
     search = of_ranks(search, world)
-    per_round = [of_ranks(rnd, world) for rnd in rounds]
     cvs = noise(search)
-    found = []
+    found: list[Change] = []
     for name in sorted({k for r in taken for k in rates(r)}):
-        limit = threshold(cvs.get(name))
-        shown = cvs.get(name, FLOOR / K)
-        for i, rnd in enumerate(per_round):
-            # Within a round: its configs, one after another, read the machine differently
-            # (the round's ratio compares a config on one machine with one on another).
-            values = [r[name] for r in rnd if name in r]
-            if len(values) >= 2 and max(values) / min(values) - 1.0 > limit:
-                first = values[0]
-                far = max(values[1:], key=lambda v: abs(v / first - 1.0))
-                found.append(Change(name, first, far, f"within confirmation round {i + 1}",
-                                    shown))
-        medians = [(i, statistics.median(v)) for i, rnd in enumerate(per_round)
-                   if (v := [r[name] for r in rnd if name in r])]
-        if len(medians) >= 2:
-            (lo_i, lo), (hi_i, hi) = min(medians, key=lambda m: m[1]), \
-                max(medians, key=lambda m: m[1])
-            if hi / lo - 1.0 > limit:
-                first, second = sorted(((lo_i, lo), (hi_i, hi)))
-                found.append(Change(name, first[1], second[1],
-                                    f"between confirmation rounds {first[0] + 1} and "
-                                    f"{second[0] + 1}", shown))
+        limit, shown = threshold(cvs.get(name)), cvs.get(name, FLOOR / K)
+        per_round = [[r[name] for r in of_ranks(rnd, world) if name in r] for rnd in rounds]
+        found += _within(name, per_round, limit, shown)
+        found += _between(name, per_round, limit, shown)
         before = [r[name] for r in search if name in r]
-        after = [r[name] for rnd in per_round for r in rnd if name in r]
+        after = [v for values in per_round for v in values]
         if before and after:
             b, a = statistics.median(before), statistics.median(after)
             if abs(a / b - 1.0) > limit:
                 found.append(Change(name, b, a, "from the search to the confirmation", shown))
     return found
+
+
+def _within(name: str, per_round: list[list[float]], limit: float,
+            shown: float) -> list[Change]:
+    """Within a round, its configs (one after another) read the machine differently: the
+    round's ratio compares a config on one machine with one on another."""
+    found = []
+    for i, values in enumerate(per_round):
+        if len(values) >= 2 and max(values) / min(values) - 1.0 > limit:
+            far = max(values[1:], key=lambda v: abs(v / values[0] - 1.0))
+            found.append(Change(name, values[0], far, f"within confirmation round {i + 1}",
+                                shown))
+    return found
+
+
+def _between(name: str, per_round: list[list[float]], limit: float,
+             shown: float) -> list[Change]:
+    """The slowest and the fastest round by their medians, where they differ by more than
+    ``limit``: the earlier of the two first."""
+    medians = [(i, statistics.median(v)) for i, v in enumerate(per_round) if v]
+    if len(medians) < 2:
+        return []
+    slow, fast = min(medians, key=lambda m: m[1]), max(medians, key=lambda m: m[1])
+    if fast[1] / slow[1] - 1.0 <= limit:
+        return []
+    early, late = sorted((slow, fast))
+    return [Change(name, early[1], late[1],
+                   f"between confirmation rounds {early[0] + 1} and {late[0] + 1}", shown)]
