@@ -16,7 +16,7 @@ from autotune.trial.measurement import Measurement, Status
 from autotune.trial.sentinel import clean, precisions_of
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner.confirm_rounds import confirm
-from autotune.tuner.drift import FLOOR, changes, noise, threshold
+from autotune.tuner.drift import FLOOR, changes, noise, reading_of, slowdowns, threshold
 from autotune.tuner.export import build_profile
 from autotune.tuner.snapshot import read
 from autotune.workloads import WorkloadSpec
@@ -143,3 +143,24 @@ def _study_with(conf: dict, tmp_path: Path):  # noqa: ANN202 - an Optuna study
     crafted = _study()
     write_confirmation(crafted.study, conf)  # type: ignore[arg-type]
     return crafted.study
+
+
+def test_on_cuda_the_sm_clock_is_read_and_a_slowdown_is_said() -> None:
+    """A CUDA trial's NVML summary (the fake NVML's, in tests/test_monitor.py) joins the
+    reading: its SM clock is a rate like the sentinel's, and a round in which a GPU slowed
+    itself down is named with its temperature."""
+    def gpu_run(clock: float, slow: list[str] | None = None) -> Measurement:
+        return Measurement(Status.OK, samples_per_sec=1.0, gpu={
+            "sm_clock_mhz_mean": clock, "temp_c_max": 88.0 if slow else 70.0,
+            **({"slowdowns": slow} if slow else {})})
+
+    assert reading_of(gpu_run(1980.0)) == {"sm_clock_mhz": 1980.0}
+    search = [reading_of(gpu_run(c)) for c in (1980.0, 1975.0, 1985.0)]
+    rounds = [[reading_of(gpu_run(1980.0))], [reading_of(gpu_run(1500.0))]]
+    moved, since = changes(search, rounds)
+    assert since.where == "from the search to the confirmation"  # 1740 (the median) vs 1980
+    assert moved.line().startswith("SM clock 1,980.0 -> 1,500.0 MHz between confirmation "
+                                   "rounds 1 and 2 (-24%")
+    lines = slowdowns([[gpu_run(1980.0)], [gpu_run(1500.0, ["hardware thermal slowdown"])]])
+    assert lines == ["a GPU slowed itself down in confirmation round 2: hardware thermal "
+                     "slowdown (up to 88 C)"]

@@ -81,3 +81,21 @@ def test_a_monitor_without_a_driver_records_nothing_and_says_why() -> None:
     nv = FakeNVML({"gpus": GPUS})
     monitor = GpuMonitor([5], nv=nv).start()
     assert monitor.stop() == [] and monitor.error and nv.initialised == 0
+
+
+def test_the_sm_clock_and_a_gpu_slowing_itself_down_are_recorded() -> None:
+    """The clocks and NVML's clock event reasons, sampled with the rest: the summary's mean
+    and lowest SM clock, and the slowdowns seen (heat, a power brake; not the power cap)."""
+    nv = FakeNVML({"gpus": [{"sm_clock_mhz": [1980, 1410], "clock_events": [0x4, 0x40],
+                             "temp_c": [70, 88]}]})
+    monitor = GpuMonitor([0], nv=nv).start()
+    time.sleep(0.35)
+    samples = monitor.stop()
+    assert {"sm_clock_mhz", "clock_events"} <= set(samples[0])
+    s = summarize(samples)
+    assert s["sm_clock_mhz_max"] == 1980 and s["sm_clock_mhz_min"] == 1410
+    assert s["slowdowns"] == ["hardware thermal slowdown"]  # 0x4 (power cap) is not one
+    cool = FakeNVML({"gpus": [{"clock_events": [0x1, 0x4]}]})
+    monitor = GpuMonitor([0], nv=cool).start()
+    time.sleep(0.25)
+    assert "slowdowns" not in summarize(monitor.stop())

@@ -21,9 +21,15 @@ PCIE_EVERY = 10  # a PCIe throughput read samples for 20 ms inside NVML: once a 
 
 # What a sample may hold; a GPU or driver that lacks a query leaves its field out.
 Field = Literal["gpu_util", "power_w", "temp_c", "memory_used_bytes", "pcie_tx_mbs",
-                "pcie_rx_mbs"]
+                "pcie_rx_mbs", "sm_clock_mhz"]
 _FIELDS: tuple[Field, ...] = ("gpu_util", "power_w", "temp_c", "memory_used_bytes",
-                              "pcie_tx_mbs", "pcie_rx_mbs")
+                              "pcie_tx_mbs", "pcie_rx_mbs", "sm_clock_mhz")
+NVML_CLOCK_SM = 1
+# NVML's clock event (throttle) reasons that slow a GPU down for its own sake: heat, a power
+# brake, a hardware slowdown. Not the software power cap (a GPU at full load often runs at
+# its cap; the clocks show what it costs), not idle or the application clock setting.
+SLOWDOWNS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
+             0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}
 
 
 class Sample(TypedDict):
@@ -37,6 +43,8 @@ class Sample(TypedDict):
     temp_c: NotRequired[float]
     pcie_tx_mbs: NotRequired[float]  # read every PCIE_EVERY-th sample only
     pcie_rx_mbs: NotRequired[float]
+    sm_clock_mhz: NotRequired[float]
+    clock_events: NotRequired[int]  # NVML's clock event (throttle) reasons, a bit mask
 
 
 class GpuMonitor:
@@ -111,6 +119,15 @@ def _sample(nv: Any, h: Any, t: float, index: int, pcie: bool) -> Sample:
     temp = nvml.call(nv.nvmlDeviceGetTemperature, h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
     if temp is not None:
         s["temp_c"] = float(temp)
+    clock = nvml.call(nv.nvmlDeviceGetClockInfo, h, getattr(nv, "NVML_CLOCK_SM", NVML_CLOCK_SM))
+    if clock is not None:
+        s["sm_clock_mhz"] = float(clock)
+    # The reasons' call was renamed (clocks "throttle" -> "event" reasons) in newer NVMLs.
+    reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    events = nvml.call(reasons, h) if reasons is not None else None
+    if events is not None:
+        s["clock_events"] = int(events)
     if pcie:
         # NVML reports KB/s.
         tx = nvml.call(nv.nvmlDeviceGetPcieThroughput, h,
@@ -148,7 +165,15 @@ def summarize(samples: Sequence[Sample],
     gpus = sorted({s["gpu"] for s in inside})
     per_gpu = {str(g): stats([s for s in inside if s["gpu"] == g]) for g in gpus}
     total = stats(inside)
+    clocks = [s["sm_clock_mhz"] for s in inside if "sm_clock_mhz" in s]
+    if clocks:
+        total["sm_clock_mhz_min"] = round(min(clocks), 2)
+    seen = 0
+    for s in inside:
+        seen |= s.get("clock_events", 0)
+    slowdowns = [name for bit, name in SLOWDOWNS.items() if seen & bit]
     means = [p["gpu_util_mean"] for p in per_gpu.values() if "gpu_util_mean" in p]
     if means:
         total["gpu_util_min_gpu_mean"] = min(means)
-    return {"scope": scope, "gpus": gpus, **total, "per_gpu": per_gpu}
+    return {"scope": scope, "gpus": gpus, **total, "per_gpu": per_gpu,
+            **({"slowdowns": slowdowns} if slowdowns else {})}

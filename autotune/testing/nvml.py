@@ -10,7 +10,8 @@ runs the CLI with the fake of the file ``AUTOTUNE_FAKE_NVML`` names:
                "pcie": {"gen": 5, "width": 16, "max_gen": 5, "gpu_max_gen": 5, "max_width": 16},
                "nvlink": 18, "numa": 0, "mem_bus_width": 6144, "mem_clock_mhz": 3201,
                "util": [90, 95], "power_w": [600, 640], "temp_c": [60, 62],
-               "mem_used_gib": [40, 42], "pcie_kbs": [1000, 2000]}],
+               "mem_used_gib": [40, 42], "pcie_kbs": [1000, 2000],
+               "sm_clock_mhz": [1980, 1755], "clock_events": [0, 64]}],
      "links": {"0-1": "nvlink"}}
 
 Per-GPU sample lists are read in turn, one value per call, wrapping around. ``links`` gives the
@@ -30,6 +31,7 @@ from typing import Any
 FAKE_NVML_ENV = "AUTOTUNE_FAKE_NVML"  # read by `python -m autotune.testing` only
 NVML_NVLINK_MAX_LINKS = 18
 NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
@@ -190,6 +192,16 @@ class FakeNVML:
 
     def nvmlDeviceGetMaxClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
         return int(self._gpu(h).get("mem_clock_mhz", 3201))
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+        self._count("clock")
+        if clock != NVML_CLOCK_SM:
+            raise NVMLError_NotSupported("only the SM clock is described")
+        return int(self._next(h, "sm_clock_mhz", 1980))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
+        self._count("clock_events")
+        return int(self._next(h, "clock_events", 0))
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:  # noqa: N802
         return _TOPOLOGY[self._link(a, b)]

@@ -110,18 +110,24 @@ def clean(doc: object) -> Reading:
             and math.isfinite(v) and v > 0}
 
 
+# On CUDA, NVML's SM clock during the trial's windows plays the same part (the tuner adds it).
+SM_CLOCK = "sm_clock_mhz"
+
+
 def rates(reading: Mapping[str, float]) -> dict[str, float]:
     """The reading's rates alone (what moves with the machine)."""
-    return {k: v for k, v in reading.items()
-            if k == "copy_gbs" or (k.startswith("matmul_") and k.endswith("_gflops"))}
+    return {k: v for k, v in reading.items() if k in ("copy_gbs", SM_CLOCK)
+            or (k.startswith("matmul_") and k.endswith("_gflops"))}
 
 
 def describe(name: str) -> str:
-    """'fp32 matmul', 'memory copy': a rate's name for a line."""
+    """'fp32 matmul', 'memory copy', 'SM clock': a rate's name for a line."""
     if name == "copy_gbs":
         return "memory copy"
+    if name == SM_CLOCK:
+        return "SM clock"
     return f"{name.removeprefix('matmul_').removesuffix('_gflops')} matmul"
 
 
 def unit(name: str) -> str:
-    return "GB/s" if name == "copy_gbs" else "GFLOP/s"
+    return {"copy_gbs": "GB/s", SM_CLOCK: "MHz"}.get(name, "GFLOP/s")

@@ -47,7 +47,7 @@ from autotune.tuner.confirmation import (
     screen,
     settled,
 )
-from autotune.tuner.drift import Change, changes
+from autotune.tuner.drift import changes, reading_of, slowdowns
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SCREEN, CONFIRM_SHARE
 from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
@@ -168,8 +168,9 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     for c in cands:
         c.measure = each[c.number].to_dict()
     done, stopped, one, round_s, active = 0, None, None, 0.0, cands
-    search = [r.measurement.sentinel for r in snap.measured if r.measurement.sentinel]
-    moved: list[Change] = []
+    search = [x for r in snap.measured if (x := reading_of(r.measurement))]
+    moved: list[str] = []
+    ran: list[list[Measurement]] = []  # each round's runs
     added = False  # the round added because the machine moved
     while True:
         started = time.monotonic()
@@ -181,6 +182,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         if results is None:
             break
         _record(done, results)
+        ran.append([m for _, m in results])
         done += 1
         if done == 1:
             active = screen(cands, top)
@@ -189,7 +191,8 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         more = another_round(done, planned, rounds, round_s, left)
         one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
         stopped = one or (settled(cands, limit, headroom) if more else None)
-        moved = changes(search, sentinel_rounds(cands, done))
+        moved = [c.line() for c in changes(search, sentinel_rounds(cands, done))] + \
+            slowdowns(ran)
         if moved and not added and another_round(done, done + 1, rounds + 1, round_s, left):
             # A round on the machine as it is now: the decision and the interval see it.
             added, stopped, one = True, None, None
@@ -205,7 +208,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     decision = decide(cands, limit, headroom)
     record.write_confirmation(study, {
         "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
-        "stopped_early": stopped, "machine_changed": [c.line() for c in moved],
+        "stopped_early": stopped, "machine_changed": moved,
         "round_added": added,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
@@ -245,7 +248,7 @@ def another_round(done: int, planned: int, rounds: int, round_s: float,
 def _record(r: int, results: list[tuple[Candidate, Measurement]]) -> None:
     """Add one complete round's results to its candidates."""
     for c, m in results:
-        c.sentinels.append(dict(m.sentinel))
+        c.sentinels.append(reading_of(m))
         if m.ok and m.samples_per_sec:
             c.rates.append(m.samples_per_sec)
             c.peaks.append(m.peak_memory_bytes)

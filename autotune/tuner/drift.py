@@ -15,7 +15,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.trial.sentinel import describe, rates, unit
+from autotune.trial.measurement import Measurement
+from autotune.trial.sentinel import SM_CLOCK, describe, rates, unit
 
 FLOOR = 0.05
 K = 3.0
@@ -42,6 +43,31 @@ class Change:
         return (f"{describe(self.metric)} {self.before:,.1f} -> {self.after:,.1f} "
                 f"{unit(self.metric)} {self.where} ({100 * self.moved:+.0f}%; its noise "
                 f"{100 * self.noise:.1f}%)")
+
+
+def reading_of(m: Measurement) -> dict[str, float]:
+    """What a trial read of the machine: the sentinel's rates, and on CUDA the mean SM clock
+    of its timed windows (NVML's, ``machine.monitor``)."""
+    out = dict(m.sentinel)
+    clock = (m.gpu or {}).get(f"{SM_CLOCK}_mean")
+    if isinstance(clock, int | float) and clock > 0:
+        out[SM_CLOCK] = float(clock)
+    return out
+
+
+def slowdowns(rounds: Sequence[Sequence[Measurement]]) -> list[str]:
+    """The rounds in which a GPU slowed itself down (NVML's clock event reasons: heat, a power
+    brake, a hardware slowdown), a line each with the hottest reading."""
+    lines = []
+    for i, rnd in enumerate(rounds):
+        names = sorted({n for m in rnd for n in (m.gpu or {}).get("slowdowns") or ()
+                        if isinstance(n, str)})
+        if names:
+            hottest = max(((m.gpu or {}).get("temp_c_max") or 0.0 for m in rnd), default=0.0)
+            temp = f" (up to {hottest:.0f} C)" if hottest else ""
+            lines.append(f"a GPU slowed itself down in confirmation round {i + 1}: "
+                         f"{', '.join(names)}{temp}")
+    return lines
 
 
 def noise(readings: Sequence[Reading]) -> dict[str, float]:
