@@ -2,15 +2,19 @@
 in every trial process before its warm-up) compared between the confirmation's rounds, and
 between the search and the confirmation. Pure.
 
-A rate counts as changed when it moved by more than ``K`` times its own noise, and never by
-less than ``FLOOR``: the noise is the readings' robust spread over the search's trials (the
-scaled median absolute deviation: a few odd readings do not widen it), or ``FLOOR`` / ``K``
-where fewer than ``MIN_READINGS`` were taken. Readings compare only with readings of as many
+A rate counts as changed when it moved by more than ``K`` times the noise of a difference of
+two readings (sqrt(2) times one reading's), and never by less than ``FLOOR``: one reading's
+noise is the readings' robust spread over the search's trials (the scaled median absolute
+deviation: a few odd readings do not widen it); ``FLOOR`` alone where fewer than
+``MIN_READINGS`` were taken. On the 2-core VMs one reading's noise is 1-6%
+(``benchmarks/sentinel.py``): the threshold is 5-25%, and a busy neighbour process moved the
+fp32 matmul by -57%. Readings compare only with readings of as many
 ranks (ranks read at once, on shared cores).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +37,7 @@ class Change:
     before: float
     after: float
     where: str  # "between confirmation rounds 1 and 2", "from the search to the confirmation"
-    noise: float
+    limit: float  # the move its noise allows (``threshold``)
 
     @property
     def moved(self) -> float:
@@ -41,8 +45,8 @@ class Change:
 
     def line(self) -> str:
         return (f"{describe(self.metric)} {self.before:,.1f} -> {self.after:,.1f} "
-                f"{unit(self.metric)} {self.where} ({100 * self.moved:+.0f}%; its noise "
-                f"{100 * self.noise:.1f}%)")
+                f"{unit(self.metric)} {self.where} ({100 * self.moved:+.0f}%, beyond the "
+                f"{100 * self.limit:.0f}% its noise allows)")
 
 
 def reading_of(m: Measurement) -> dict[str, float]:
@@ -85,8 +89,9 @@ def noise(readings: Sequence[Reading]) -> dict[str, float]:
 
 
 def threshold(noise_cv: float | None) -> float:
-    """How far a rate must move to count as changed."""
-    return max(FLOOR, K * (noise_cv if noise_cv is not None else 0.0))
+    """How far a rate must move to count as changed: ``K`` times the noise of a difference of
+    two readings, at least ``FLOOR``."""
+    return max(FLOOR, K * math.sqrt(2) * (noise_cv if noise_cv is not None else 0.0))
 
 
 def of_ranks(readings: Sequence[Reading], world_size: float) -> list[Reading]:
@@ -106,21 +111,20 @@ def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> l
     cvs = noise(search)
     found: list[Change] = []
     for name in sorted({k for r in taken for k in rates(r)}):
-        limit, shown = threshold(cvs.get(name)), cvs.get(name, FLOOR / K)
+        limit = threshold(cvs.get(name))
         per_round = [[r[name] for r in of_ranks(rnd, world) if name in r] for rnd in rounds]
-        found += _within(name, per_round, limit, shown)
-        found += _between(name, per_round, limit, shown)
+        found += _within(name, per_round, limit)
+        found += _between(name, per_round, limit)
         before = [r[name] for r in search if name in r]
         after = [v for values in per_round for v in values]
         if before and after:
             b, a = statistics.median(before), statistics.median(after)
             if abs(a / b - 1.0) > limit:
-                found.append(Change(name, b, a, "from the search to the confirmation", shown))
+                found.append(Change(name, b, a, "from the search to the confirmation", limit))
     return found
 
 
-def _within(name: str, per_round: list[list[float]], limit: float,
-            shown: float) -> list[Change]:
+def _within(name: str, per_round: list[list[float]], limit: float) -> list[Change]:
     """Within a round, its configs (one after another) read the machine differently: the
     round's ratio compares a config on one machine with one on another."""
     found = []
@@ -128,12 +132,11 @@ def _within(name: str, per_round: list[list[float]], limit: float,
         if len(values) >= 2 and max(values) / min(values) - 1.0 > limit:
             far = max(values[1:], key=lambda v: abs(v / values[0] - 1.0))
             found.append(Change(name, values[0], far, f"within confirmation round {i + 1}",
-                                shown))
+                                limit))
     return found
 
 
-def _between(name: str, per_round: list[list[float]], limit: float,
-             shown: float) -> list[Change]:
+def _between(name: str, per_round: list[list[float]], limit: float) -> list[Change]:
     """The slowest and the fastest round by their medians, where they differ by more than
     ``limit``: the earlier of the two first."""
     medians = [(i, statistics.median(v)) for i, v in enumerate(per_round) if v]
@@ -144,4 +147,4 @@ def _between(name: str, per_round: list[list[float]], limit: float,
         return []
     early, late = sorted((slow, fast))
     return [Change(name, early[1], late[1],
-                   f"between confirmation rounds {early[0] + 1} and {late[0] + 1}", shown)]
+                   f"between confirmation rounds {early[0] + 1} and {late[0] + 1}", limit)]
