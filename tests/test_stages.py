@@ -11,13 +11,14 @@ import pytest
 from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow, parse_space
 from autotune.testing.hardware import fake_cpu, fake_gpus
-from autotune.trial.measurement import Measurement
+from autotune.trial.measurement import Measurement, Status
 from autotune.tuner.budget import StepTimeModel
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord, read_trial
 from autotune.tuner.search import MemoryModel, Observation, staged_next
 from autotune.tuner.stages import (
     REMEDIES,
+    combination,
     diagnosis_next,
     running_as,
     smallest_as_fast,
@@ -406,3 +407,36 @@ def test_the_search_reads_each_trials_mfu_and_the_peak_it_was_taken_against() ->
     o = record.observation()
     assert (o.mfu, o.peak_tflops) == (0.56, 0.17)
     assert o.achieved == pytest.approx(0.56 * 0.17)
+
+
+CPU_BF16 = narrow(load_space("default"), fake_cpu(2, bf16=True), 1, Config(), supports=DECLARED)
+
+
+def _ok(number: int, config: Config, rate: float) -> Observation:
+    return Observation(config, Status.OK, rate, spread_cv=0.01, number=number)
+
+
+def test_a_change_left_behind_on_one_noisy_reading_is_tried_on_the_incumbents_line() -> None:
+    """The run of the issue: foreach (2.79) edged fused (2.75) on one reading each, eager
+    attention then won on the foreach line; fused with eager is tried on it."""
+    p = CPU_BF16.variant(Config(), micro_batch_size=8, amp="bf16")
+    fused = CPU_BF16.variant(p, optimizer_impl="fused")
+    foreach = CPU_BF16.variant(p, optimizer_impl="foreach")
+    eager = CPU_BF16.variant(foreach, attention="eager")
+    seen = [_ok(0, Config(), 1.30), _ok(1, CPU_BF16.variant(p, amp="off"), 1.32),
+            _ok(2, p, 2.35), _ok(3, fused, 2.75), _ok(4, foreach, 2.79), _ok(5, eager, 2.85)]
+    tried = {o.config for o in seen}
+    proposal = combination(seen, eager, 0.04, CPU_BF16, tried, never)
+    assert proposal is not None
+    assert proposal.config == CPU_BF16.variant(eager, optimizer_impl="fused")
+    assert proposal.stage.startswith("combination: optimizer_impl fused read within the noise "
+                                     "of optimizer_impl foreach (2.75 vs 2.79 samples/s)")
+    # Measured: nothing more to combine.
+    done = [*seen, _ok(6, proposal.config, 2.95)]
+    assert combination(done, proposal.config, 0.04, CPU_BF16, tried | {proposal.config},
+                       never) is None
+    # A sibling well behind the one the search went on with (beyond the noise) is not tried;
+    # nor one a model rules out.
+    far = [*seen[:3], _ok(3, fused, 2.40), *seen[4:]]
+    assert combination(far, eager, 0.04, CPU_BF16, tried, never) is None
+    assert combination(seen, eager, 0.04, CPU_BF16, tried, lambda c: True) is None

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from autotune.errors import WorkloadError
+from autotune.trial.bench import tokens_per_sample
 from autotune.workloads import WorkloadSpec, builtin_workloads, parse_params, resolve
 
 DATA = Path(__file__).parent / "data"
@@ -72,6 +73,13 @@ def test_tiny_language_models_train_one_step(spec: str) -> None:
     loss.backward()
     w.build_optimizer(model).step()
     assert torch.isfinite(loss) and w.flops_per_sample() > 0
+    # What a trial records for tokens per second (`profile show --train-tokens`).
+    assert tokens_per_sample(ds) == 32
+
+
+def test_a_workload_without_token_ids_records_no_tokens_per_sample() -> None:
+    assert tokens_per_sample(resolve("mlp", {}).build_dataset()) is None
+    assert tokens_per_sample([{"input_ids": torch.zeros(2, 8)}]) is None  # not one sequence
 
 
 def test_module_workloads_next_to_the_user_work_without_pythonpath(

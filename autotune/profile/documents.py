@@ -69,6 +69,7 @@ class ResultDoc(EfficiencyDoc, total=False):
     applied: dict[str, object]
     compile: CompileDoc
     trial_samples_per_sec: float
+    tokens_per_sample: int  # a token workload's sequence positions per sample (padding included)
 
 
 class BaselineDoc(EfficiencyDoc, total=False):

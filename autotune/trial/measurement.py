@@ -169,6 +169,8 @@ class Measurement:
     # The sentinel's reading of the machine before the warm-up (``trial.sentinel``): rates
     # of a fixed matmul per precision and a memory copy, its seconds, threads and ranks.
     sentinel: dict[str, float] = field(default_factory=dict)
+    # A token workload's sequence positions per sample (padding included): tokens per second.
+    tokens_per_sample: int | None = None
 
     def __post_init__(self) -> None:
         # Stored values come back as strings: typed once, here. An unknown one is malformed.
@@ -348,8 +350,14 @@ def _from_report(doc: TrialResultDoc, raw: RawResult, peak: int, common: _Common
         step_time_s=doc.get("step_time_s"), warmup=doc.get("warmup") or {},
         timings=doc.get("timings") or {}, tflops=med * fps / 1e12 if fps else None,
         flops_per_sample=fps, flops_source=doc.get("flops_source"),
+        tokens_per_sample=_positive_int(doc.get("tokens_per_sample")),
         ranks=doc.get("ranks") or [], ddp=doc.get("ddp") or {}, **common,
     )
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 def _from_exit(raw: RawResult, common: _Common) -> Measurement:

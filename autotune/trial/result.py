@@ -181,6 +181,7 @@ class TrialResultDoc(TypedDict, total=False):
     flops_source: str | None
     flops_count_error: str
     sentinel: dict[str, float]  # the machine's speed before the warm-up (``trial.sentinel``)
+    tokens_per_sample: int  # a token workload's sequence positions per sample
 
 
 def check_result(doc: Any) -> list[str]:

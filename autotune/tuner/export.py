@@ -152,6 +152,8 @@ def _result_block(snap: StudySnapshot, best: TrialRecord) -> ResultDoc:
                            for r in m.ranks]
     if m.applied:
         result["applied"] = dict(m.applied)
+    if m.tokens_per_sample:
+        result["tokens_per_sample"] = m.tokens_per_sample
     payback = compile_payback(snap, best)
     if payback is not None:
         result["compile"] = payback

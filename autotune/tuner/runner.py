@@ -326,8 +326,13 @@ class Runner:
         if best is None:
             return None
         tried = {o.config for o in snap.observations} | set(snap.pending.running)
+        noise = noise_of(snap.observations)
+        combined = stages.combination(snap.observations, best.config, noise, self.space, tried,
+                                      ruled_out)
+        if combined is not None:
+            return combined
         per_step_at = stages.smallest_as_fast(best.config, best.samples_per_sec or 0.0,
-                                              snap.observations, noise_of(snap.observations))
+                                              snap.observations, noise)
         return stages.diagnosis_next(self.space, best.config, diagnose_record(snap, best),
                                      tried, ruled_out,
                                      stages.running_as(best.config, best.measurement.applied),

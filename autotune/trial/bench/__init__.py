@@ -148,6 +148,19 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         result["flops_count_error"] = flops["flops_count_error"]
     result["flops_per_sample"] = flops["flops_per_sample"]
     result["flops_source"] = flops["flops_source"]
+    tokens = tokens_per_sample(trainer.dataset)
+    if tokens is not None:
+        result["tokens_per_sample"] = tokens
+
+
+def tokens_per_sample(dataset: Any) -> int | None:
+    """Sequence positions per sample (padding included) of a token workload: the length of its
+    first sample's ``input_ids``; None for a workload of another kind."""
+    with contextlib.suppress(Exception):
+        ids = dataset[0]["input_ids"]
+        if getattr(ids, "dim", lambda: 0)() == 1:
+            return int(ids.shape[0])
+    return None
 
 
 def _record_state(trainer: Any, result: TrialResultDoc, ranks: Ranks) -> None:
