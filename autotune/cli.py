@@ -22,7 +22,7 @@ from autotune import bootstrap
 from autotune.errors import AutotuneError, UsageError
 from autotune.exits import Debug, guarded, parse_duration, parser_exit_code, sigterm_as_interrupt
 from autotune.flags import BoundFlag
-from autotune.profile_commands import ProfileArg, profile_app, read_profile
+from autotune.profile_commands import ProfileArg, compare_profiles, profile_app, read_profile
 from autotune.tuner import options
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest way to train a model on this machine, by measuring it.")
 app.add_typer(profile_app, name="profile")
+app.command("compare")(compare_profiles)
 __all__ = ["app", "main", "parse_duration"]
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from autotune.errors import UsageError
 from autotune.exits import Debug, guarded, parse_duration, sigterm_as_interrupt
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ profile_app = typer.Typer(no_args_is_help=True, help="Read, compare and re-check
 ProfileArg = Annotated[Path, typer.Argument(help="A profile.yaml written by `autotune run`")]
 
 
-def read_profile(path: Path) -> Profile:
+def read_profile(path: Path, check_fingerprint: bool = True) -> Profile:
     """Load a profile; a fingerprint mismatch is one warning line on stderr, not a traceback."""
     import warnings
 
@@ -32,26 +33,81 @@ def read_profile(path: Path) -> Profile:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        profile = load_profile(path)
+        profile = load_profile(path, check_fingerprint=check_fingerprint)
     for w in caught:
         typer.echo(f"autotune: warning: {shown(w.message)}", err=True)
     return profile
+
+
+TrainSamples = Annotated[float | None, typer.Option(
+    "--train-samples", help="Print the time to train this many samples at the profile's rate")]
+TrainTokens = Annotated[float | None, typer.Option(
+    "--train-tokens", help="The same in tokens (token workloads: the profile records tokens "
+    "per sample)")]
 
 
 @profile_app.command("show")
 @guarded
 def profile_show(path: ProfileArg, debug: Debug = False, hf_args: Annotated[bool, typer.Option(
         "--hf-args", help="Print the profile as Hugging Face TrainingArguments command-line "
-        "flags, to paste after a Trainer script's own")] = False) -> None:
-    """What a profile tuned, what it measured, and where."""
+        "flags, to paste after a Trainer script's own")] = False,
+        train_samples: TrainSamples = None, train_tokens: TrainTokens = None,
+        price_per_hour: Annotated[float | None, typer.Option(
+            "--price-per-hour", help="With --train-samples/--train-tokens: the cost too, at "
+            "this price per hour of the machine (any currency)")] = None) -> None:
+    """What a profile tuned, what it measured, and where; with --train-samples N (or
+    --train-tokens N), the time to train N at its rate and its interval, and with
+    --price-per-hour X what that costs."""
+    from autotune.machine.fingerprint import describe_fingerprint
     from autotune.paths import shown
+    from autotune.tuner.costing import training_time
 
     profile = read_profile(path)
     if hf_args:
         typer.echo(hf_flags(profile))
         return
+    time = None
+    if train_samples is not None or train_tokens is not None:
+        time = training_time(profile, samples=train_samples, tokens=train_tokens,
+                             price_per_hour=price_per_hour)
+    elif price_per_hour is not None:
+        raise UsageError("--price-per-hour prices a run: give --train-samples N or "
+                         "--train-tokens N with it")
     lines = [f"profile    {path}", *profile.summary().splitlines()]
+    if time is not None:
+        lines += time.lines(profile.world_size)
+        lines.append(f"           on the machine it was measured on: "
+                     f"{describe_fingerprint(profile.fingerprint)}")
     typer.echo("\n".join(shown(line) for line in lines))
+
+
+@guarded
+def compare_profiles(
+    paths: Annotated[list[Path], typer.Argument(help="Profiles to lay side by side",
+                                                exists=True, dir_okay=False)],
+    train_samples: TrainSamples = None, train_tokens: TrainTokens = None,
+    price_per_hour: Annotated[list[float] | None, typer.Option(
+        "--price-per-hour", help="The cost too: one price for all, or one per profile in "
+        "order (each machine's own)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
+    debug: Debug = False,
+) -> None:
+    """Profiles from several machines or studies side by side: samples/s with its interval,
+    MFU, memory headroom, and the time and cost to train; each labelled by its fingerprint."""
+    import json
+
+    from autotune.paths import shown
+    from autotune.tuner.costing import compare, table
+
+    if price_per_hour and train_samples is None and train_tokens is None:
+        raise UsageError("--price-per-hour prices a run: give --train-samples N or "
+                         "--train-tokens N with it")
+    rows = compare([(shown(str(p)), read_profile(p, check_fingerprint=False)) for p in paths],
+                   samples=train_samples, tokens=train_tokens, prices=price_per_hour or ())
+    if json_out:
+        typer.echo(json.dumps({"profiles": [r.to_doc() for r in rows]}, indent=2))
+        return
+    typer.echo("\n".join(table(rows)))
 
 
 def hf_flags(profile: Profile) -> str:

@@ -39,6 +39,16 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def format_span(seconds: float) -> str:
+    """A training run's length: ``12m 00s`` under an hour, ``7.5 h`` under three days, else
+    ``4.2 days``."""
+    if seconds < 3600:
+        return format_duration(seconds)
+    if seconds < 72 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 def format_bytes(n: float) -> str:
     """``1.50 GiB`` or ``512 MiB``."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

@@ -144,6 +144,13 @@ def test_profile_env_lines_work_in_a_shell(tmp_path: Path) -> None:
     (["profile", "check", str(DATA / "profile_v1_ddp.yaml"), "--rounds", "0"], 2,
      "--rounds must be >= 1, got 0"),
     (["launch", str(DATA / "profile_v1_ddp.yaml"), "--"], 2, "no command to launch"),
+    (["profile", "show", str(DATA / "profile_v1.yaml"), "--price-per-hour", "2"], 2,
+     "--price-per-hour prices a run: give --train-samples N"),
+    (["profile", "show", str(DATA / "profile_v1.yaml"), "--train-tokens", "1e9"], 2,
+     "the profile records no tokens per sample"),
+    (["compare", str(DATA / "profile_v1.yaml"), str(DATA / "profile_v1_ddp.yaml"),
+      "--train-samples", "10", "--price-per-hour", "1", "--price-per-hour", "2",
+      "--price-per-hour", "3"], 2, "one --price-per-hour for all profiles or one per profile"),
     (["launch", str(DATA / "profile_v1_ddp.yaml"), "--", "no-such-command-here"], 2,
      "cannot run 'no-such-command-here'"),
 ])
@@ -151,6 +158,25 @@ def test_profile_command_errors(args: list[str], code: int, needle: str) -> None
     result = run(*args)
     assert result.exit_code == code, result.output
     assert needle in one_error_line(result)
+
+
+def test_the_time_and_cost_to_train_and_profiles_side_by_side() -> None:
+    """`profile show --train-samples --price-per-hour` and `compare` from the command line
+    (their figures: tests/test_claims.py)."""
+    import json
+
+    shown = run("profile", "show", str(DATA / "profile_v1.yaml"), "--train-samples", "1e6",
+                "--price-per-hour", "2.5")
+    assert shown.exit_code == 0, shown.output
+    assert "to train   1,000,000 samples at 3.11 samples/s (" in shown.output
+    assert "costs      " in shown.output and "at 2.50 per hour" in shown.output
+    assert "on the machine it was measured on: CPU Fake CPU, 2 cores" in shown.output
+    both = run("compare", str(DATA / "profile_v1.yaml"), str(DATA / "profile_v1_ddp.yaml"),
+               str(DATA / "profile_v1_nccl.yaml"), "--train-samples", "1e6", "--json")
+    assert both.exit_code == 0, both.output
+    rows = json.loads(both.output)["profiles"]
+    assert [r["fingerprint_label"] for r in rows] == ["A", "A", "B"]  # the last on GPUs
+    assert rows[0]["train"]["seconds"] == round(1e6 / 3.11, 1)
 
 
 def test_a_damaged_profile_is_one_line(tmp_path: Path) -> None:

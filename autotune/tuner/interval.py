@@ -75,12 +75,24 @@ def ratio_interval(center: float, ratios: Sequence[float],
     """The interval of ``center`` (the claimed ratio) from its ``ratios``, one per round, and
     the readings' in-process spread (``reading_cvs``: the window CVs of the two configs' runs).
     None without a positive center or any positive round."""
-    logs = [math.log(r) for r in ratios if r > 0 and math.isfinite(r)]
+    return _interval(center, ratios, reading_cvs, readings_per_round=2)
+
+
+def rate_interval(center: float, rates: Sequence[float],
+                  reading_cvs: Sequence[float] = ()) -> Interval | None:
+    """The same for one config's rate (samples/s) from its rounds' readings: where a re-check
+    of as many rounds of it lands on the machine as it was."""
+    return _interval(center, rates, reading_cvs, readings_per_round=1)
+
+
+def _interval(center: float, values: Sequence[float], reading_cvs: Sequence[float],
+              readings_per_round: int) -> Interval | None:
+    logs = [math.log(r) for r in values if r > 0 and math.isfinite(r)]
     if center <= 0 or not logs:
         return None
     n = len(logs)
     per_reading = max([PROCESS_CV, *(c for c in reading_cvs if math.isfinite(c))])
-    prior = 2 * per_reading ** 2  # one round's ratio: two readings
+    prior = readings_per_round * per_reading ** 2  # a ratio's round holds two readings
     between = sum((x - statistics.fmean(logs)) ** 2 for x in logs)
     df = n - 1 + PRIOR_ROUNDS
     s = math.sqrt((between + PRIOR_ROUNDS * prior) / df)
