@@ -9,7 +9,8 @@ The grid is modelled on a default BERT run on a 2-core Zen 4 (issue notes, docs/
 fp32 1.32 samples/s at micro-batch 8, bf16 2.35; fused and foreach AdamW about alike (+17%),
 eager attention +6% with the fused optimizer and +2% with foreach (so bf16 + fused + eager at
 micro-batch 8 is the fastest config, foreach + eager 4% behind it, fused alone 6%); micro-batch
-4, 16 and 32 slower by 10%, 3% and 7%; every other knob changes nothing (compiling costs 10%).
+4, 16 and 32 slower by 10%, 3% and 7%; compiling costs 10%, checkpointing 20%, one CPU thread
+40%; every other knob changes nothing.
 Each trial reads its config's rate times a log-normal draw of --sigma (the process-to-process
 noise of these VMs: 2-14%) with 2% window noise. Each seed runs a whole default-space study
 (--trials trials and the interleaved confirmation) on a made-up 2-core CPU with native bf16;
@@ -64,6 +65,10 @@ def rate(c: Config) -> float:
         base *= EAGER.get(c.optimizer_impl, 1.0)
     if c.compile != "off":
         base *= 0.9
+    if c.activation_checkpointing:
+        base *= 0.8  # recomputes the forward
+    if c.cpu_threads == 1:
+        base *= 0.6  # one of the two cores
     return base / max(1, c.grad_accum_steps) ** 0.02
 
 

@@ -113,7 +113,7 @@ def test_the_time_and_cost_to_train_at_the_confirmed_rate_with_its_interval() ->
     assert t.slowest_s == 3_600_000 / iv.low
     assert t.cost(t.seconds) == 5.0 * 3.0  # 5 hours at 3.0
     lines = t.lines(ranks=1)
-    assert lines[0] == ("to train   3,600,000 samples at 200 samples/s (184.8-216.4, 90% "
+    assert lines[0] == ("to train   3,600,000 samples at 200 samples/s (185-216, 90% "
                         "interval), median of 3 confirmation round(s): 5.0 h (4.6 h-5.4 h) "
                         "with 1 rank(s)")
     assert lines[1].startswith("costs      15.00 (") and lines[1].endswith(

@@ -429,8 +429,9 @@ def test_a_change_left_behind_on_one_noisy_reading_is_tried_on_the_incumbents_li
     proposal = combination(seen, eager, 0.04, CPU_BF16, tried, never)
     assert proposal is not None
     assert proposal.config == CPU_BF16.variant(eager, optimizer_impl="fused")
-    assert proposal.stage.startswith("combination: optimizer_impl fused read within the noise "
-                                     "of optimizer_impl foreach (2.75 vs 2.79 samples/s)")
+    assert proposal.stage == ("combination: optimizer_impl fused, read within the noise of the "
+                              "change the search went on with (2.75 vs 2.79 samples/s for "
+                              "optimizer_impl foreach), tried on the incumbent's line")
     # Measured: nothing more to combine.
     done = [*seen, _ok(6, proposal.config, 2.95)]
     assert combination(done, proposal.config, 0.04, CPU_BF16, tried | {proposal.config},
@@ -440,3 +441,21 @@ def test_a_change_left_behind_on_one_noisy_reading_is_tried_on_the_incumbents_li
     far = [*seen[:3], _ok(3, fused, 2.40), *seen[4:]]
     assert combination(far, eager, 0.04, CPU_BF16, tried, never) is None
     assert combination(seen, eager, 0.04, CPU_BF16, tried, lambda c: True) is None
+
+
+def test_changes_left_behind_at_two_steps_are_tried_together() -> None:
+    """A replayed run (benchmarks/pick_noise.py, seed 5): fused edged foreach, then foreach with
+    sdpa edged fused with sdpa, then eager on the foreach line read within the noise of sdpa.
+    Each left-behind change alone was measured; fused with eager was not: it is tried."""
+    p = CPU_BF16.variant(Config(), micro_batch_size=8, amp="bf16")
+    fused, foreach = (CPU_BF16.variant(p, optimizer_impl=v) for v in ("fused", "foreach"))
+    seen = [_ok(4, p, 2.436), _ok(5, fused, 2.729), _ok(6, foreach, 2.694),
+            _ok(9, CPU_BF16.variant(fused, attention="sdpa"), 2.789),
+            _ok(10, CPU_BF16.variant(foreach, attention="sdpa"), 2.815),
+            _ok(14, CPU_BF16.variant(foreach, attention="eager"), 2.784)]
+    incumbent = seen[4].config
+    proposal = combination(seen, incumbent, 0.05, CPU_BF16, {o.config for o in seen}, never)
+    assert proposal is not None
+    assert proposal.config == CPU_BF16.variant(fused, attention="eager")
+    assert proposal.stage.startswith("combination: attention eager + optimizer_impl fused, ")
+    assert proposal.stage.endswith("tried together on the incumbent's line")

@@ -29,11 +29,11 @@ class Rate:
 
     def words(self) -> str:
         within = "" if self.interval is None else \
-            f" ({self.interval.low:,.4g}-{self.interval.high:,.4g}, " \
+            f" ({_figure(self.interval.low)}-{_figure(self.interval.high)}, " \
             f"{100 * self.interval.level:.0f}% interval)"
         how = f"median of {self.rounds} confirmation round(s)" if self.rounds \
             else "one search trial, not confirmed"
-        return f"{self.value:,.4g} samples/s{within}, {how}"
+        return f"{_figure(self.value)} samples/s{within}, {how}"
 
 
 def rate_of(profile: Profile) -> Rate:
@@ -202,8 +202,8 @@ def table(rows: Sequence[Row]) -> list[str]:
     for r in rows:
         iv = r.rate.interval
         cells = [r.label, r.name, str(r.ranks),
-                 f"{r.rate.value:,.4g}" + ("" if iv is None else
-                                           f" ({iv.low:,.4g}-{iv.high:,.4g})")
+                 _figure(r.rate.value) + ("" if iv is None else
+                                          f" ({_figure(iv.low)}-{_figure(iv.high)})")
                  + ("" if r.rate.rounds else " search only"),
                  "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
                  "-" if r.headroom is None else f"{100 * r.headroom:.0f}%"]
@@ -227,6 +227,11 @@ def table(rows: Sequence[Row]) -> list[str]:
                      "software (`autotune profile diff` names the fields); each is that "
                      "machine's own")
     return lines
+
+
+def _figure(x: float) -> str:
+    """A rate to three or four significant digits, without an exponent: 2.64, 18.4, 9,000."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
 def _money(x: float) -> str:

@@ -164,37 +164,44 @@ BATCH = ("micro_batch_size", "grad_accum_steps")  # the staged start's lines, no
 def combination(observations: Sequence[Observation], incumbent: Config, noise: float,
                 space: NarrowedSpace, tried: Set[Config],
                 ruled_out: Callable[[Config], bool]) -> Proposal | None:
-    """A change the search left behind on one noisy reading, tried on the incumbent's line.
+    """Changes the search left behind on one noisy reading, tried on the incumbent's line.
 
     The incumbent descends from the baseline by one-knob changes, each of which beat its
     parent (its line of descent: ``_descent``). Where a step's parent had another such child
     (a change of its own that beat the parent) that read within ``noise`` of the child the
-    search went on with, the search chose between the two on one reading each: that change is
-    tried on the incumbent too. A run went on with foreach AdamW (2.79 samples/s) over fused
-    (2.75), then found eager attention on the foreach line; fused with eager, 4-9% faster in
-    every re-check, was never measured. The first such config not yet measured, the closest
-    sibling first; None when there is none."""
+    search went on with, the search chose between the two on one reading each: that change
+    is tried on the incumbent, alone and together with each other such change of another
+    knob. A run went on with foreach AdamW (2.79 samples/s) over fused (2.75), then found
+    eager attention on the foreach line; fused with eager, 4-9% faster in every re-check, was
+    never measured. The first such config not yet measured (single changes first, the
+    closest siblings first); None when there is none."""
     if not COMBINE:
         return None
     oks = [o for o in observations if o.status == Status.OK and o.samples_per_sec
            and not o.predicted]
+    left: list[tuple[str, Any, str]] = []  # (knob, value, what it read against)
     for parent, child in _descent(oks, incumbent):
+        (went,) = _differs(parent.config, child.config)
         siblings = [s for s in oks if s.number > parent.number and s.config != child.config
                     and len(_differs(parent.config, s.config)) == 1
                     and _rate(s) > _rate(parent) and _rate(s) * (1.0 + noise) >= _rate(child)]
         for s in sorted(siblings, key=_rate, reverse=True):
             (knob,) = _differs(parent.config, s.config)
-            if knob in BATCH:
-                continue
-            value = getattr(s.config, knob)
-            config = space.variant(incumbent, **{knob: value})
-            if config == incumbent or config in tried or ruled_out(config):
-                continue
-            (went,) = _differs(parent.config, child.config)
-            return Proposal(config, f"combination: {knob} {_show(value)} read within the noise "
-                                    f"of {went} {_show(getattr(child.config, went))} "
-                                    f"({_rate(s):,.3g} vs {_rate(child):,.3g} samples/s), "
-                                    "tried on the incumbent's line")
+            if knob not in BATCH:
+                left.append((knob, getattr(s.config, knob),
+                             f"{_rate(s):,.3g} vs {_rate(child):,.3g} samples/s for {went} "
+                             f"{_show(getattr(child.config, went))}"))
+    pairs = [(a, b) for i, a in enumerate(left) for b in left[i + 1:] if a[0] != b[0]]
+    for changes in [[a] for a in left] + [[a, b] for a, b in pairs]:
+        config = space.variant(incumbent, **{k: v for k, v, _ in changes})
+        if config == incumbent or config in tried or ruled_out(config):
+            continue
+        what = " + ".join(f"{k} {_show(v)}" for k, v, _ in changes)
+        why = "; ".join(r for _, _, r in changes)
+        together = "together " if len(changes) > 1 else ""
+        return Proposal(config, f"combination: {what}, read within the noise of the change the "
+                                f"search went on with ({why}), tried {together}on the "
+                                "incumbent's line")
     return None
 
 
