@@ -73,6 +73,9 @@ def test_a_rate_that_moves_between_rounds_or_from_the_search_is_a_change() -> No
     within = changes(SEARCH, [[reading(300), reading(240)]])
     assert [(c.where, c.before, c.after) for c in within][0] == \
         ("within confirmation round 1", 300.0, 240.0)
+    # The line names the round's two readings furthest apart, in the order they were taken.
+    (three,) = changes(SEARCH, [[reading(300), reading(330), reading(255)]])
+    assert (three.before, three.after) == (330.0, 255.0)
     # The whole confirmation on a machine 20% slower than the search's.
     after = [[reading(240), reading(240)], [reading(241), reading(239)]]
     (moved,) = changes(SEARCH, after)
@@ -158,8 +161,7 @@ def test_on_cuda_the_sm_clock_is_read_and_a_slowdown_is_said() -> None:
     assert reading_of(gpu_run(1980.0)) == {"sm_clock_mhz": 1980.0}
     search = [reading_of(gpu_run(c)) for c in (1980.0, 1975.0, 1985.0)]
     rounds = [[reading_of(gpu_run(1980.0))], [reading_of(gpu_run(1500.0))]]
-    moved, since = changes(search, rounds)
-    assert since.where == "from the search to the confirmation"  # 1740 (the median) vs 1980
+    (moved,) = changes(search, rounds)  # one line per rate: its largest move
     assert moved.line().startswith("SM clock 1,980.0 -> 1,500.0 MHz between confirmation "
                                    "rounds 1 and 2 (-24%")
     lines = slowdowns([[gpu_run(1980.0)], [gpu_run(1500.0, ["hardware thermal slowdown"])]])

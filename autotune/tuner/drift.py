@@ -102,7 +102,7 @@ def of_ranks(readings: Sequence[Reading], world_size: float) -> list[Reading]:
 def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> list[Change]:
     """The rates that moved within or between the confirmation's ``rounds`` (each round's
     readings: one per config it ran, in order) or from the ``search`` trials' readings to the
-    confirmation's."""
+    confirmation's: each rate's largest move, where one passed its threshold."""
     taken = [r for rnd in rounds for r in rnd if rates(r)]
     if not taken:
         return []
@@ -113,14 +113,15 @@ def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> l
     for name in sorted({k for r in taken for k in rates(r)}):
         limit = threshold(cvs.get(name))
         per_round = [[r[name] for r in of_ranks(rnd, world) if name in r] for rnd in rounds]
-        found += _within(name, per_round, limit)
-        found += _between(name, per_round, limit)
+        moves = _within(name, per_round, limit) + _between(name, per_round, limit)
         before = [r[name] for r in search if name in r]
         after = [v for values in per_round for v in values]
         if before and after:
             b, a = statistics.median(before), statistics.median(after)
             if abs(a / b - 1.0) > limit:
-                found.append(Change(name, b, a, "from the search to the confirmation", limit))
+                moves.append(Change(name, b, a, "from the search to the confirmation", limit))
+        if moves:  # the largest move of each rate: one line per rate
+            found.append(max(moves, key=lambda c: abs(math.log(c.after / c.before))))
     return found
 
 
@@ -130,9 +131,10 @@ def _within(name: str, per_round: list[list[float]], limit: float) -> list[Chang
     found = []
     for i, values in enumerate(per_round):
         if len(values) >= 2 and max(values) / min(values) - 1.0 > limit:
-            far = max(values[1:], key=lambda v: abs(v / values[0] - 1.0))
-            found.append(Change(name, values[0], far, f"within confirmation round {i + 1}",
-                                limit))
+            lo, hi = values.index(min(values)), values.index(max(values))
+            first, last = sorted((lo, hi))
+            found.append(Change(name, values[first], values[last],
+                                f"within confirmation round {i + 1}", limit))
     return found
 
 
