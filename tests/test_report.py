@@ -26,7 +26,8 @@ from autotune.tuner.export import build_profile
 from tests.conftest import autotune, cli
 
 GIB = 2**30
-IMPORTANCE = PANELS.index("Parameter importance (PED-ANOVA)")
+IMPORTANCE = PANELS.index("Statistical importance (PED-ANOVA, sampled trials)")
+EFFECTS = PANELS.index("Measured effects (one knob at a time)")
 
 
 def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: Path) -> None:
@@ -53,15 +54,19 @@ def test_the_run_writes_a_self_contained_dashboard_with_every_panel(tuned_mlp: P
         no_win = decision.get("decided_by") == NO_WIN  # (the baseline may also win on headroom)
         won = not no_win and decision.get("winner_trial") not in {
             c["trial"] for c in conf.get("candidates", []) if c["baseline"]}
-        assert rows["speedup"].startswith(f"{profile['speedup']:.2f}x ({kind}"), rows
+        assert rows["speedup"].startswith(f"{profile['speedup']:.2f}x ("), rows
+        assert kind in rows["speedup"], rows
         assert ("; per round " in rows["speedup"]) == (won and conf.get("rounds", 0) >= 2), rows
         assert ("no config beat the baseline" in rows["speedup"]) == (bool(conf) and no_win)
     if profile["result"].get("mfu") is not None:
         assert rows["MFU"].startswith(f"{100 * profile['result']['mfu']:.1f}% "), rows
-    # Three trials say nothing about which knob matters: the panel says so, and draws no bar.
+    # A few staged trials say nothing statistical about which knob matters: the panel says
+    # so, and draws no bar; the measured effects panel reads them one knob at a time.
     traces, layout = figure(text, IMPORTANCE)
     assert traces == []
-    assert "not ranked yet: " in annotations(layout)
+    assert "not ranked: " in annotations(layout)
+    (bars,), _ = figure(text, EFFECTS)
+    assert bars["type"] == "bar" and bars["y"]
 
 
 def test_the_dashboard_command(tuned_mlp: Path, tmp_path: Path,
@@ -245,7 +250,7 @@ FLOPS = 1e9
 
 
 def _trial(config: Config, rate: float, *, baseline: bool = False,
-           spread: float | None = 0.02) -> optuna.trial.FrozenTrial:
+           spread: float | None = 0.02, stage: str | None = None) -> optuna.trial.FrozenTrial:
     """An ok trial as `autotune run` records it, with its MFU at its own rate."""
     measurement = {"status": "ok", "samples_per_sec": rate, "spread_cv": spread,
                    "peak_memory_bytes": GIB, "wall_s": 10.0,
@@ -256,7 +261,8 @@ def _trial(config: Config, rate: float, *, baseline: bool = False,
     return optuna.trial.create_trial(
         params=params, distributions=dict(SPACE), value=rate,
         user_attrs={"config": config.to_dict(), "status": "ok", "baseline": baseline,
-                    "measurement": measurement, "memory_limit_bytes": 16 * GIB})
+                    "measurement": measurement, "memory_limit_bytes": 16 * GIB,
+                    **({"stage": stage} if stage else {})})
 
 
 def _study(trials: list[optuna.trial.FrozenTrial],
@@ -397,12 +403,47 @@ def test_importance_says_why_it_ranks_nothing() -> None:
     traces, layout = figure(text, IMPORTANCE)
     assert traces == []
     words = annotations(layout)
-    assert f"not ranked yet: {MIN_TRIALS - 1} measured trial(s) with a rate; ranking needs " \
-        f"{MIN_TRIALS}" in words
+    assert f"not ranked: {MIN_TRIALS - 2} of the {MIN_TRIALS - 1} measured trials were " \
+        f"sampled broadly (by the sampler); a statistical importance needs {MIN_TRIALS}" in words
     assert "never changed, not ranked: num_workers" in words
     # Enough trials, but none of the searched knobs ever changed.
     traces, layout = figure(build_dashboard(_importance_study(10, vary=False)), IMPORTANCE)
     assert traces == []
     words = annotations(layout)
-    assert "nothing to rank: no searched knob changed among the 10 measured trials" in words
+    assert "nothing to rank: no searched knob changed among the 9 measured trials" in words
     assert "never changed, not ranked: amp, micro_batch_size, num_workers" in words
+
+
+def test_measured_effects_read_each_one_knob_change_against_its_parent() -> None:
+    """The staged walk of a default run: fp32 -> bf16 at the same batch made the gain; a larger
+    batch a little; loader workers nothing (within the noise). The effects panel heads with
+    precision; the statistical importance ranks nothing (no trial was sampled broadly)."""
+    b16 = Config(micro_batch_size=32, amp="bf16")
+    trials = [_trial(BASE, 100.0, baseline=True),
+              _trial(b16, 178.0, stage="staged: largest micro-batch that fits with amp bf16"),
+              _trial(Config(micro_batch_size=64, amp="bf16"), 190.0, stage="staged: larger"),
+              _trial(Config(micro_batch_size=64, amp="bf16", num_workers=2), 189.0,
+                     stage="diagnosis: input-bound -> num_workers 2")]
+    data = gather(_study(trials))
+    assert [e.knob for e in data.effects] == ["amp", "micro_batch_size", "num_workers"]
+    amp, micro, workers = data.effects
+    assert (amp.before, amp.after, amp.parent, amp.child) == ("off", "bf16", 0, 1)
+    assert amp.ratio == pytest.approx(1.78) and amp.beyond_noise and not amp.confirmed
+    assert micro.ratio == pytest.approx(190 / 178) and micro.beyond_noise
+    assert not workers.beyond_noise
+    assert amp.words() == ("amp fp32 -> bf16 (trial 0 -> 1): 1.78x, beyond the noise (margin "
+                           "4.0%; search trials)")
+    text = build_dashboard(_study(trials))
+    (bars,), _ = figure(text, EFFECTS)
+    assert bars["y"][-1] == "amp"  # drawn bottom-up: the largest on top
+    traces, layout = figure(text, IMPORTANCE)
+    assert traces == [] and "not ranked: 0 of the 4 measured trials were sampled" in \
+        annotations(layout)
+    # Both configs in the confirmation: the effect is their side-by-side ratio.
+    conf = {"measured_trials": 4, "rounds": 2, "planned_rounds": 2, "measure": {},
+            "decision": {"winner_trial": 1, "runner_up_trial": 0, "margin": 0.04,
+                         "decided_by": "median"},
+            "candidates": [_candidate(1, b16, [150.0, 152.0], False),
+                           _candidate(0, BASE, [99.0, 101.0], True)]}
+    side = gather(_study(trials, conf)).effects[0]
+    assert side.knob == "amp" and side.confirmed and side.ratio == pytest.approx(1.51)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.machine.hardware import describe_fingerprint
+from autotune.report.effects import Effect, measured_effects, sampled
 from autotune.report.importance import Importance, rank
 from autotune.tuner import snapshot
 from autotune.tuner.confirmation import Confirmation
@@ -74,7 +75,8 @@ class DashboardData:
     confirmation: Confirmation | None
     probe: Probe | None
     limits_the_winner: tuple[str, ...]  # the exported profile's diagnosis
-    importance: Importance
+    importance: Importance  # over the sampled trials only (``effects.sampled``)
+    effects: tuple[Effect, ...] = ()  # each knob's largest measured one-knob effect
 
 
 def gather(study: optuna.Study) -> DashboardData:
@@ -89,7 +91,9 @@ def gather(study: optuna.Study) -> DashboardData:
         probe=_probe(facts.probe),
         # Written by the export from the profile it saved (the same MFU as the headline's).
         limits_the_winner=tuple(str(f.get("text")) for f in facts.diagnosis),
-        importance=rank(snap.records, study.get_trials(deepcopy=False)))
+        importance=rank(sampled(snap.records), study.get_trials(deepcopy=False),
+                        walked=len(snap.measured)),
+        effects=tuple(measured_effects(snap.records, snap.confirmation)))
 
 
 def _headline(snap: StudySnapshot) -> Headline | None:

@@ -43,16 +43,24 @@ class Importance:
     why_empty: str | None = None
 
 
-def rank(records: Sequence[TrialRecord], frozen: Sequence[FrozenTrial]) -> Importance:
+def rank(records: Sequence[TrialRecord], frozen: Sequence[FrozenTrial],
+         walked: int | None = None) -> Importance:
     """The importance of each searched knob that varied among the trials that measured a rate
     (ok, ran a process of their own), once there are ``MIN_TRIALS`` of them. ``frozen`` are the
-    study's trials as Optuna holds them: their search distributions are what PED-ANOVA needs."""
+    study's trials as Optuna holds them: their search distributions are what PED-ANOVA needs.
+    ``walked``: the study's measured trials, where ``records`` are only its sampled ones (the
+    rest walked one-knob changes, which such a statistic misreads: ``report.effects``)."""
     ran = [r for r in records if r.ran and r.ok and r.samples_per_sec]
     numbers = {r.number for r in ran}
     trials = [t for t in frozen if t.number in numbers and t.value is not None
               and math.isfinite(t.value)]
     varied, unvaried = _split_by_variation(ran, trials)
     n = len(trials)
+    if n < MIN_TRIALS and walked is not None:
+        return Importance((), unvaried, n, f"not ranked: {n} of the {walked} measured trials "
+                          f"were sampled broadly (by the sampler); a statistical importance "
+                          f"needs {MIN_TRIALS} such: the others walked one-knob changes, whose "
+                          "effects the panel before this one shows as measured")
     if n < MIN_TRIALS:
         return Importance((), unvaried, n, f"not ranked yet: {n} measured trial(s) with a "
                           f"rate; ranking needs {MIN_TRIALS}, so that the fastest {TOP_TRIALS} "

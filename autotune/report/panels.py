@@ -10,10 +10,12 @@ utilisation), what to take (top configs) and how the models' predictions held.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from autotune.report.data import DashboardData
+from autotune.report.effects import Effect
 from autotune.report.importance import Importance
 from autotune.trial.measurement import Status
 from autotune.tuner.record import TrialRecord
@@ -26,7 +28,8 @@ PANELS = (
     "Optimization history",
     "Samples/sec by micro-batch size",
     "Peak memory by micro-batch size (and sharding)",
-    "Parameter importance (PED-ANOVA)",
+    "Measured effects (one knob at a time)",
+    "Statistical importance (PED-ANOVA, sampled trials)",
     "Parallel coordinates",
     "Where step time goes",
     "MFU and GPU utilisation",
@@ -47,14 +50,15 @@ def panels(data: DashboardData) -> list[tuple[str, Figure]]:
     """(title, plotly figure) for each panel, in PANELS order."""
     views, limit = list(data.records), data.limit
     figures = [_history(views), _rate_by_micro(views, limit), _memory_by_micro(views, limit),
-               _importance(data.importance), _parallel(views), _breakdown(views),
+               _effects(data.effects), _importance(data.importance), _parallel(views),
+               _breakdown(views),
                _efficiency(views), _timeline(views), _top_table(views, limit),
                _forecasts(views)]
     for title, fig in zip(PANELS, figures, strict=True):
         # Parallel coordinates put their axis labels above the plot: give them room.
         top = 60 if title == "Parallel coordinates" else 20
         # The importance panel may name the knobs it left out under its axis.
-        bottom = 80 if title == "Parameter importance (PED-ANOVA)" else 40
+        bottom = 80 if title.startswith("Statistical importance") else 40
         fig.update_layout(margin={"t": top, "b": bottom, "l": 60, "r": 20}, height=420)
     return list(zip(PANELS, figures, strict=True))
 
@@ -154,6 +158,31 @@ def _memory_by_micro(views: list[TrialRecord], limit: int) -> Figure:
         fig.add_hline(y=limit / 2**30, line_color="#d62728", annotation_text="memory limit")
     fig.update_xaxes(title="micro-batch size", type="log", dtick=math.log10(2))
     fig.update_yaxes(title="peak memory (GiB)")
+    return fig
+
+
+def _effects(effects: Sequence[Effect]) -> Figure:
+    """Each knob's largest measured effect (``report.effects``), the largest on top: the ratio
+    to the trial it changed one knob of, its margin as an error bar, solid where it is beyond
+    the noise, and the words in the hover."""
+    go = _go()
+    fig = go.Figure()
+    if not effects:
+        fig.add_annotation(text="no trial yet changed one knob of another measured trial",
+                           showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        return fig
+    shown = list(effects)[::-1]  # the largest on top
+    fig.add_bar(
+        x=[e.ratio - 1.0 for e in shown], y=[e.knob for e in shown], orientation="h",
+        error_x={"type": "data", "array": [e.margin for e in shown], "visible": True},
+        marker={"color": ["#2ca02c" if e.beyond_noise and e.ratio > 1 else
+                          "#d62728" if e.beyond_noise else "#c7c7c7" for e in shown]},
+        text=[f"{e.ratio:.2f}x" + (" confirmed" if e.confirmed else "") for e in shown],
+        hovertext=[e.words() for e in shown], hoverinfo="text")
+    fig.update_xaxes(title="change in samples/sec against the trial it changed one knob of "
+                           "(grey: within the noise, the bar's margin)", tickformat="+.0%")
     return fig
 
 

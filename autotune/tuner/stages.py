@@ -213,15 +213,25 @@ def _descent(oks: Sequence[Observation], incumbent: Config) -> list[tuple[Observ
     node = next((o for o in oks if o.config == incumbent), None)
     steps: list[tuple[Observation, Observation]] = []
     while node is not None:
-        here = node
-        parents = [p for p in oks if p.number < here.number
-                   and len(_differs(p.config, here.config)) == 1]
-        parent = min(parents, key=lambda p: p.number, default=None)
-        if parent is None or _rate(parent) >= _rate(here):
+        parent = parent_of(node, oks)
+        if parent is None or _rate(parent) >= _rate(node):
             break
-        steps.append((parent, here))
+        steps.append((parent, node))
         node = parent
     return steps
+
+
+def parent_of(child: Observation, oks: Sequence[Observation]) -> Observation | None:
+    """The trial ``child`` changed one knob of: the earliest earlier trial of ``oks`` one knob
+    away from it (a sibling, one knob away from it too, came after its parent)."""
+    parents = [p for p in oks if p.number < child.number
+               and len(_differs(p.config, child.config)) == 1]
+    return min(parents, key=lambda p: p.number, default=None)
+
+
+def differs(a: Config, b: Config) -> list[str]:
+    """The knobs whose values differ between two configs."""
+    return _differs(a, b)
 
 
 def _differs(a: Config, b: Config) -> list[str]:
