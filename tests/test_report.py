@@ -334,6 +334,9 @@ def test_the_headline_speedup_is_the_profiles_confirmed_side_by_side() -> None:
     assert profile.speedup_interval is not None
     assert (profile.speedup_interval["low"], profile.speedup_interval["high"]) == (1.46, 1.819)
     assert profile.speedup_interval["rounds"] == 2
+    # The time to train a million samples at the profile's rate, with that rate's interval.
+    assert rows["to train"].startswith("1,000,000 samples at 163 samples/s (") and \
+        "median of 2 confirmation round(s): 1.7 h (" in rows["to train"]
     assert "2.16" not in rows["speedup"]
     # Each figure says what it rests on: the confirmation's medians, the search trial's own.
     assert rows["best"] == ("batch 64x1, fp32, workers 0: 163.00 samples/s (confirmed median; "

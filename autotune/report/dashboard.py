@@ -113,6 +113,8 @@ def header_rows(data: DashboardData) -> list[tuple[str, str]]:
                               + "".join(f"; {f}" for f in data.probe.flags)))
     if data.headline is not None and data.headline.compile is not None:
         rows.append(("compile", data.headline.compile))
+    if data.headline is not None:
+        rows += [("to train", line) for line in data.headline.training]
     rows += [("search step", line) for line in story(list(data.records),
                                                      data.search_baseline_rate)]
     rows += [("limits the winner", text) for text in data.limits_the_winner]

@@ -15,7 +15,15 @@ from autotune.report.effects import Effect, measured_effects, sampled
 from autotune.report.importance import Importance, rank
 from autotune.tuner import snapshot
 from autotune.tuner.confirmation import Confirmation
-from autotune.tuner.export import Efficiency, compile_payback, efficiency, payback_words, rate_of
+from autotune.tuner.costing import training_time
+from autotune.tuner.export import (
+    Efficiency,
+    build_profile,
+    compile_payback,
+    efficiency,
+    payback_words,
+    rate_of,
+)
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.snapshot import Speedup, StudySnapshot
 
@@ -52,6 +60,8 @@ class Headline:
     no_win: bool  # confirmed: no config beat the baseline beyond the noise
     efficiency: Efficiency
     compile: str | None  # what compiling cost and when it pays, in words
+    # The time to train a reference amount at the profile's rate (``tuner.costing``).
+    training: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,27 @@ def _headline(snap: StudySnapshot) -> Headline | None:
         best=best_rate, baseline=_rate(snap, base) if base is not None else None,
         speedup=snap.speedup, no_win=conf is not None and conf.no_win,
         efficiency=efficiency(snap, best, best_rate.samples_per_sec),
-        compile=payback_words(payback) if payback is not None else None)
+        compile=payback_words(payback) if payback is not None else None,
+        training=_training(snap))
+
+
+# What the header's time to train is for: a million samples, or a billion tokens where the
+# workload has tokens.
+REFERENCE_SAMPLES = 1e6
+REFERENCE_TOKENS = 1e9
+
+
+def _training(snap: StudySnapshot) -> tuple[str, ...]:
+    """The time to train the reference amounts at the exported profile's rate, its interval
+    and the ranks (``autotune profile show --train-samples``' lines, without the cost)."""
+    profile = build_profile(snap, "")
+    if profile is None or profile.samples_per_sec <= 0:
+        return ()
+    lines = [training_time(profile, samples=REFERENCE_SAMPLES).lines(profile.world_size)[0]]
+    if profile.result.get("tokens_per_sample"):
+        lines.append(training_time(profile, tokens=REFERENCE_TOKENS)
+                     .lines(profile.world_size)[0])
+    return tuple(line.removeprefix("to train").strip() for line in lines)
 
 
 def _rate(snap: StudySnapshot, r: TrialRecord) -> Rate:
