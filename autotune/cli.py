@@ -204,15 +204,16 @@ def studies(
         return
     names = [shown(r.study) for r in rows]
     width = max(len(n) for n in names)
-    typer.echo(f"{'study':<{width}}  trials  best samples/s  {'speedup':<30}  last activity")
+    typer.echo(f"{'study':<{width}}  trials  best samples/s  {'speedup':<46}  last activity")
     for name, r in zip(names, rows, strict=True):
         best = "-" if r.best_samples_per_sec is None else f"{r.best_samples_per_sec:,.2f}"
         speedup = "-" if r.speedup is None else f"{r.speedup.value:.2f}x " + (
             "search only" if r.speedup.kind != CONFIRMED else "confirmed" if
             r.speedup.interval is None else
-            f"({r.speedup.interval.low:.2f}-{r.speedup.interval.high:.2f}) confirmed")
+            f"({r.speedup.interval.low:.2f}-{r.speedup.interval.high:.2f}) confirmed"
+            + (", machine changed" if r.speedup.machine_changed else ""))
         when = r.last_activity.strftime("%Y-%m-%d %H:%M") if r.last_activity else "-"
-        typer.echo(f"{name:<{width}}  {r.trials:>6}  {best:>14}  {speedup:<30}  {when}")
+        typer.echo(f"{name:<{width}}  {r.trials:>6}  {best:>14}  {speedup:<46}  {when}")
 
 
 @app.command("launch", context_settings={"allow_interspersed_args": False})

@@ -62,8 +62,10 @@ class Interval:
         return self.high / self.low > 1.25 ** 2
 
     def words(self) -> str:
-        """'2.02-2.57x' (with the level): for a line that already names the speedup."""
-        return f"{self.low:.2f}-{self.high:.2f}x, {100 * self.level:.0f}% interval"
+        """'2.02-2.57x, 90% interval' (', a wide one' where ``wide``): for a line that already
+        names the speedup."""
+        wide = ", a wide one" if self.wide else ""
+        return f"{self.low:.2f}-{self.high:.2f}x, {100 * self.level:.0f}% interval{wide}"
 
     def to_doc(self, machine_changed: bool = False) -> IntervalDoc:
         return {"low": round(self.low, 3), "high": round(self.high, 3), "level": self.level,
