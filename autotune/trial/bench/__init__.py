@@ -93,9 +93,11 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
 
     timings, settings = result["timings"], spec.measure
     if spec.sentinel:  # before the config's knobs are applied: the same work in every trial
-        from autotune.trial.sentinel import read
+        from autotune.trial.sentinel import PROBE_S, read
 
-        result["sentinel"] = read(device, spec.sentinel, ranks.world)
+        # At most about 2% of the measuring budget (a short test trial reads briefly).
+        probe_s = min(PROBE_S, settings.max_seconds / 200)
+        result["sentinel"] = read(device, spec.sentinel, ranks.world, probe_s=probe_s)
     t0 = time.time()
     trainer = build(spec, device, ranks, result, memory)
     timings["build_s"] = time.time() - t0
