@@ -121,6 +121,7 @@ def test_the_time_and_cost_to_train_at_the_confirmed_rate_with_its_interval() ->
     # Tokens: the profile's tokens per sample; none recorded is one clear error.
     tok = training_time(confirmed_profile([200.0], tokens=128), tokens=128 * 2_000)
     assert tok.seconds == 10.0 and tok.unit == "tokens"
+    assert tok.lines(1)[0].startswith("to train   256,000 tokens at 25,600 tokens/s (")
     with pytest.raises(UsageError, match="records no tokens per sample"):
         training_time(p, tokens=1e9)
     with pytest.raises(UsageError, match="one of --train-samples N or --train-tokens N"):

@@ -7,12 +7,14 @@ the run's gain: fp32 1.32 -> bf16 2.35 samples/s at the same batch).
 
 Each knob's effect is its largest measured one: the child's rate over its parent's, the margin
 their spreads allow (``tuner.confirmation.margin_between``'s rule), and whether both configs
-ran side by side in the confirmation (then the ratio is of their confirmation medians).
+ran side by side in the confirmation (then the ratio is of their medians over the rounds both ran
+in).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,8 +78,11 @@ def _effect(knob: str, parent: TrialRecord, child: TrialRecord,
     confirmed = False
     if confirmation is not None:
         a, b = confirmation.of(parent.number), confirmation.of(child.number)
-        if a is not None and b is not None and a.median and b.median:
-            rates, cvs, confirmed = (a.median, b.median), (a.spread_cv, b.spread_cv), True
+        # The rounds both ran in (a config screened out after round 1 ran in that one only).
+        both = min(len(a.rates), len(b.rates)) if a is not None and b is not None else 0
+        if a is not None and b is not None and both:
+            rates = (statistics.median(a.rates[:both]), statistics.median(b.rates[:both]))
+            cvs, confirmed = (a.spread_cv, b.spread_cv), True
     margin = max(NOISE_FLOOR, 2 * math.sqrt((cvs[0] ** 2 + cvs[1] ** 2) / 2))
     return Effect(knob, getattr(parent.config, knob), getattr(child.config, knob),
                   parent.number, child.number, rates[1] / rates[0], margin, confirmed)

@@ -27,13 +27,16 @@ class Rate:
     interval: Interval | None
     rounds: int
 
-    def words(self) -> str:
+    def words(self, per_sample: float = 1.0, unit: str = "samples") -> str:
+        """'6.22 samples/s (5.46-7.09, 90% interval), median of 2 confirmation round(s)'; in
+        tokens/s with ``per_sample`` tokens per sample."""
         within = "" if self.interval is None else \
-            f" ({_figure(self.interval.low)}-{_figure(self.interval.high)}, " \
+            f" ({_figure(per_sample * self.interval.low)}-" \
+            f"{_figure(per_sample * self.interval.high)}, " \
             f"{100 * self.interval.level:.0f}% interval)"
         how = f"median of {self.rounds} confirmation round(s)" if self.rounds \
             else "one search trial, not confirmed"
-        return f"{_figure(self.value)} samples/s{within}, {how}"
+        return f"{_figure(per_sample * self.value)} {unit}/s{within}, {how}"
 
 
 def rate_of(profile: Profile) -> Rate:
@@ -67,6 +70,7 @@ class TrainingTime:
     amount: float
     unit: str  # "samples" or "tokens"
     rate: Rate
+    per_sample: float  # units per sample: 1, or the profile's tokens per sample
     seconds: float
     fastest_s: float | None
     slowest_s: float | None
@@ -78,7 +82,8 @@ class TrainingTime:
     def lines(self, ranks: int) -> list[str]:
         span = "" if self.fastest_s is None or self.slowest_s is None else \
             f" ({format_span(self.fastest_s)}-{format_span(self.slowest_s)})"
-        out = [f"to train   {self.amount:,.0f} {self.unit} at {self.rate.words()}: "
+        out = [f"to train   {self.amount:,.0f} {self.unit} at "
+               f"{self.rate.words(self.per_sample, self.unit)}: "
                f"{format_span(self.seconds)}{span} with {ranks} rank(s)"]
         cost = self.cost(self.seconds)
         if cost is not None and self.price_per_hour is not None:
@@ -118,7 +123,7 @@ def training_time(profile: Profile, *, samples: float | None = None,
         per_sample, unit = float(per), "tokens"
     seconds = amount / (rate.value * per_sample)
     iv = rate.interval
-    return TrainingTime(amount, unit, rate, seconds,
+    return TrainingTime(amount, unit, rate, per_sample, seconds,
                         None if iv is None else amount / (iv.high * per_sample),
                         None if iv is None else amount / (iv.low * per_sample),
                         price_per_hour)
