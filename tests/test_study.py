@@ -132,7 +132,9 @@ def test_a_real_allocation_failure_is_recorded_and_the_study_goes_on(workdir: Pa
     (workdir / "space.yaml").write_text("knobs:\n  micro_batch_size: {choices: [64]}\n")
     opts = RunOptions(model="autotune.testing.workloads:memhog",
                       params={"mib_per_sample": 256}, space="space.yaml", trials=2,
-                      storage=DB, measure=MeasureSettings(min_window_s=0.05, max_seconds=5),
+                      # 20 s: room for micro-batch 4 (1 GiB written in its first step) on a
+                      # loaded CI machine; the windows end it in seconds otherwise.
+                      storage=DB, measure=MeasureSettings(min_window_s=0.05, max_seconds=20),
                       address_space_bytes=8 * 2**30)  # batch 64 x 256 MiB cannot be mapped
     summary = Runner(opts, QuietReporter()).run()
     statuses = {t.config.micro_batch_size: (t.status, t.reason) for t in summary.trials}

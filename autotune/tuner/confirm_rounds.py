@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -168,10 +169,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     for c in cands:
         c.measure = each[c.number].to_dict()
     done, stopped, one, round_s, active = 0, None, None, 0.0, cands
-    search = [x for r in snap.measured if (x := reading_of(r.measurement))]
-    moved: list[str] = []
-    ran: list[list[Measurement]] = []  # each round's runs
-    added = False  # the round added because the machine moved
+    drift = Drift([x for r in snap.measured if (x := reading_of(r.measurement))])
     while True:
         started = time.monotonic()
         results = _round(done, max(planned, done + 1), active,
@@ -182,7 +180,6 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         if results is None:
             break
         _record(done, results)
-        ran.append([m for _, m in results])
         done += 1
         if done == 1:
             active = screen(cands, top)
@@ -191,11 +188,8 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         more = another_round(done, planned, rounds, round_s, left)
         one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
         stopped = one or (settled(cands, limit, headroom) if more else None)
-        moved = [c.line() for c in changes(search, sentinel_rounds(cands, done))] + \
-            slowdowns(ran)
-        if moved and not added and another_round(done, done + 1, rounds + 1, round_s, left):
-            # A round on the machine as it is now: the decision and the interval see it.
-            added, stopped, one = True, None, None
+        if drift.add_round(cands, results, done, rounds, round_s, left):
+            stopped = one = None  # a round on the machine as it is now: the decision sees it
             continue
         if stopped or not more:
             break
@@ -208,12 +202,35 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     decision = decide(cands, limit, headroom)
     record.write_confirmation(study, {
         "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
-        "stopped_early": stopped, "machine_changed": moved,
-        "round_added": added,
+        "stopped_early": stopped, "machine_changed": drift.moved, "round_added": drift.added,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
         "created": datetime.now(UTC).isoformat(timespec="seconds")})
     return None
+
+
+@dataclass
+class Drift:
+    """What the sentinel saw of the machine under the rounds (``tuner.drift``): the search's
+    readings, each round's runs, the rates that moved, and whether a round was added for it."""
+
+    search: list[dict[str, float]]
+    ran: list[list[Measurement]] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)
+    added: bool = False
+
+    def add_round(self, cands: list[Candidate], results: list[tuple[Candidate, Measurement]],
+                  done: int, rounds: int, round_s: float, left: float | None) -> bool:
+        """After round ``done``: what moved; whether one more round runs for it (once, where
+        the time left holds one, even beyond ``rounds``)."""
+        self.ran.append([m for _, m in results])
+        self.moved = [c.line() for c in changes(self.search, sentinel_rounds(cands, done))] \
+            + slowdowns(self.ran)
+        if self.moved and not self.added and \
+                another_round(done, done + 1, rounds + 1, round_s, left):
+            self.added = True
+            return True
+        return False
 
 
 def sentinel_rounds(cands: list[Candidate], done: int) -> list[list[dict[str, float]]]:

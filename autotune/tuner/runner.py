@@ -320,23 +320,18 @@ class Runner:
 
     def _diagnosis_stage(self, snap: StudySnapshot,
                          ruled_out: Callable[[Config], bool]) -> Proposal | None:
-        """After the staged start: the next change that addresses what limits the incumbent
+        """After the staged start: a change left behind on one noisy reading, tried on the
+        incumbent's line, else the next change that addresses what limits the incumbent
         (``tuner.stages``), diagnosed again from the study as it stands."""
-        best = snap.best
-        if best is None:
+        if (best := snap.best) is None:
             return None
         tried = {o.config for o in snap.observations} | set(snap.pending.running)
-        noise = noise_of(snap.observations)
-        combined = stages.combination(snap.observations, best.config, noise, self.space, tried,
-                                      ruled_out)
-        if combined is not None:
-            return combined
-        per_step_at = stages.smallest_as_fast(best.config, best.samples_per_sec or 0.0,
-                                              snap.observations, noise)
-        return stages.diagnosis_next(self.space, best.config, diagnose_record(snap, best),
-                                     tried, ruled_out,
-                                     stages.running_as(best.config, best.measurement.applied),
-                                     per_step_at)
+        noise, seen = noise_of(snap.observations), snap.observations
+        return stages.combination(seen, best.config, noise, self.space, tried, ruled_out) or \
+            stages.diagnosis_next(
+                self.space, best.config, diagnose_record(snap, best), tried, ruled_out,
+                stages.running_as(best.config, best.measurement.applied),
+                stages.smallest_as_fast(best.config, best.samples_per_sec or 0.0, seen, noise))
 
     def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space

@@ -92,12 +92,7 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
     from autotune.trial.bench.loop import Diverged, TooSlow, measure_windows, protocol_for, warm_up
 
     timings, settings = result["timings"], spec.measure
-    if spec.sentinel:  # before the config's knobs are applied: the same work in every trial
-        from autotune.trial.sentinel import PROBE_S, read
-
-        # At most about 2% of the measuring budget (a short test trial reads briefly).
-        probe_s = min(PROBE_S, settings.max_seconds / 200)
-        result["sentinel"] = read(device, spec.sentinel, ranks.world, probe_s=probe_s)
+    _read_sentinel(spec, device, result, ranks)  # before the config's knobs are applied
     t0 = time.time()
     trainer = build(spec, device, ranks, result, memory)
     timings["build_s"] = time.time() - t0
@@ -150,9 +145,20 @@ def _measure(spec: TrialSpec, device: Any, memory: Any, result: TrialResultDoc,
         result["flops_count_error"] = flops["flops_count_error"]
     result["flops_per_sample"] = flops["flops_per_sample"]
     result["flops_source"] = flops["flops_source"]
-    tokens = tokens_per_sample(trainer.dataset)
-    if tokens is not None:
+    if (tokens := tokens_per_sample(trainer.dataset)) is not None:
         result["tokens_per_sample"] = tokens
+
+
+def _read_sentinel(spec: TrialSpec, device: Any, result: TrialResultDoc, ranks: Ranks) -> None:
+    """The machine's speed, read before anything of the config is built (``trial.sentinel``),
+    where the spec asks: the same work in every trial, at most about 1/200 of the measuring
+    budget per probe (a short test trial reads briefly)."""
+    if not spec.sentinel:
+        return
+    from autotune.trial.sentinel import PROBE_S, read
+
+    probe_s = min(PROBE_S, spec.measure.max_seconds / 200)
+    result["sentinel"] = read(device, spec.sentinel, ranks.world, probe_s=probe_s)
 
 
 def tokens_per_sample(dataset: Any) -> int | None:
