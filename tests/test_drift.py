@@ -168,3 +168,14 @@ def test_on_cuda_the_sm_clock_is_read_and_a_slowdown_is_said() -> None:
     lines = slowdowns([[gpu_run(1980.0)], [gpu_run(1500.0, ["hardware thermal slowdown"])]])
     assert lines == ["a GPU slowed itself down in confirmation round 2: hardware thermal "
                      "slowdown (up to 88 C)"]
+
+
+def test_a_stored_reading_that_is_not_numbers_is_left_out() -> None:
+    """A shared study's records are others' data: a reading holding anything but positive
+    finite rates loses those entries, and the comparison goes on."""
+    junk = Measurement(Status.OK, samples_per_sec=1.0,
+                       sentinel={"matmul_fp32_gflops": "fast", "copy_gbs": -1.0,
+                                 "matmul_bf16_gflops": 1200.0},  # type: ignore[dict-item]
+                       gpu={"sm_clock_mhz_mean": float("nan")})
+    assert reading_of(junk) == {"matmul_bf16_gflops": 1200.0}
+    assert changes(SEARCH, [[reading_of(junk)], [reading()]]) == []

@@ -81,8 +81,9 @@ def _effect(knob: str, parent: TrialRecord, child: TrialRecord,
         # The rounds both ran in (a config screened out after round 1 ran in that one only).
         both = min(len(a.rates), len(b.rates)) if a is not None and b is not None else 0
         if a is not None and b is not None and both:
-            rates = (statistics.median(a.rates[:both]), statistics.median(b.rates[:both]))
-            cvs, confirmed = (a.spread_cv, b.spread_cv), True
+            paired = (statistics.median(a.rates[:both]), statistics.median(b.rates[:both]))
+            if all(r > 0 and math.isfinite(r) for r in paired):  # a stored document: checked
+                rates, cvs, confirmed = paired, (a.spread_cv, b.spread_cv), True
     margin = max(NOISE_FLOOR, 2 * math.sqrt((cvs[0] ** 2 + cvs[1] ** 2) / 2))
     return Effect(knob, getattr(parent.config, knob), getattr(child.config, knob),
                   parent.number, child.number, rates[1] / rates[0], margin, confirmed)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.trial.measurement import Measurement
-from autotune.trial.sentinel import SM_CLOCK, describe, rates, unit
+from autotune.trial.sentinel import SM_CLOCK, clean, describe, rates, unit
 
 FLOOR = 0.10
 K = 3.0
@@ -55,9 +55,10 @@ class Change:
 def reading_of(m: Measurement) -> dict[str, float]:
     """What a trial read of the machine: the sentinel's rates, and on CUDA the mean SM clock
     of its timed windows (NVML's, ``machine.monitor``)."""
-    out = dict(m.sentinel)
+    out = clean(m.sentinel)  # a shared study's record is others' data: numbers only
     clock = (m.gpu or {}).get(f"{SM_CLOCK}_mean")
-    if isinstance(clock, int | float) and clock > 0:
+    if isinstance(clock, int | float) and not isinstance(clock, bool) and math.isfinite(clock) \
+            and clock > 0:
         out[SM_CLOCK] = float(clock)
     return out
 
