@@ -6,9 +6,9 @@ the walk (a default run ranked loader workers first and precision last, while pr
 the run's gain: fp32 1.32 -> bf16 2.35 samples/s at the same batch).
 
 Each knob's effect is its largest measured one: the child's rate over its parent's, the margin
-their spreads allow (``tuner.confirmation.margin_between``'s rule), and whether both configs
-ran side by side in the confirmation (then the ratio is of their medians over the rounds both ran
-in).
+their spreads allow (``tuner.confirmation.margin_of``, the confirmation's rule), and whether both
+configs ran side by side in the confirmation (then the ratio is of their medians over the rounds
+both ran in).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.tuner.confirmation import Confirmation
+from autotune.tuner.confirmation import Confirmation, margin_of
 from autotune.tuner.record import TrialRecord
-from autotune.tuner.search import NOISE_FLOOR
 from autotune.tuner.stages import differs, parent_of
 
 
@@ -84,9 +83,8 @@ def _effect(knob: str, parent: TrialRecord, child: TrialRecord,
             paired = (statistics.median(a.rates[:both]), statistics.median(b.rates[:both]))
             if all(r > 0 and math.isfinite(r) for r in paired):  # a stored document: checked
                 rates, cvs, confirmed = paired, (a.spread_cv, b.spread_cv), True
-    margin = max(NOISE_FLOOR, 2 * math.sqrt((cvs[0] ** 2 + cvs[1] ** 2) / 2))
     return Effect(knob, getattr(parent.config, knob), getattr(child.config, knob),
-                  parent.number, child.number, rates[1] / rates[0], margin, confirmed)
+                  parent.number, child.number, rates[1] / rates[0], margin_of(*cvs), confirmed)
 
 
 def sampled(records: Sequence[TrialRecord]) -> list[TrialRecord]:

@@ -198,9 +198,14 @@ WITHIN_MARGIN = "the higher median within the margin"
 
 
 def margin_between(a: Candidate, b: Candidate) -> float:
-    """The lead ``a`` needs over ``b`` to count: twice their pooled spread, at least
-    ``NOISE_FLOOR``."""
-    return max(NOISE_FLOOR, 2 * math.sqrt((a.spread ** 2 + b.spread ** 2) / 2))
+    """The lead ``a`` needs over ``b`` to count (``margin_of`` their spreads)."""
+    return margin_of(a.spread, b.spread)
+
+
+def margin_of(spread_a: float, spread_b: float) -> float:
+    """The lead one config needs over another to count, from their spreads (CVs): twice their
+    pooled spread, at least ``NOISE_FLOOR``."""
+    return max(NOISE_FLOOR, 2 * math.sqrt((spread_a ** 2 + spread_b ** 2) / 2))
 
 
 def decide(candidates: Sequence[Candidate], limit: int, headroom: float = HEADROOM) -> Decision:

@@ -181,12 +181,12 @@ def combination(observations: Sequence[Observation], incumbent: Config, noise: f
            and not o.predicted]
     left: list[tuple[str, Any, str]] = []  # (knob, value, what it read against)
     for parent, child in _descent(oks, incumbent):
-        (went,) = _differs(parent.config, child.config)
+        (went,) = differs(parent.config, child.config)
         siblings = [s for s in oks if s.number > parent.number and s.config != child.config
-                    and len(_differs(parent.config, s.config)) == 1
+                    and len(differs(parent.config, s.config)) == 1
                     and _rate(s) > _rate(parent) and _rate(s) * (1.0 + noise) >= _rate(child)]
         for s in sorted(siblings, key=_rate, reverse=True):
-            (knob,) = _differs(parent.config, s.config)
+            (knob,) = differs(parent.config, s.config)
             if knob not in BATCH:
                 left.append((knob, getattr(s.config, knob),
                              f"{_rate(s):,.3g} vs {_rate(child):,.3g} samples/s for {went} "
@@ -225,16 +225,12 @@ def parent_of(child: Observation, oks: Sequence[Observation]) -> Observation | N
     """The trial ``child`` changed one knob of: the earliest earlier trial of ``oks`` one knob
     away from it (a sibling, one knob away from it too, came after its parent)."""
     parents = [p for p in oks if p.number < child.number
-               and len(_differs(p.config, child.config)) == 1]
+               and len(differs(p.config, child.config)) == 1]
     return min(parents, key=lambda p: p.number, default=None)
 
 
 def differs(a: Config, b: Config) -> list[str]:
     """The knobs whose values differ between two configs."""
-    return _differs(a, b)
-
-
-def _differs(a: Config, b: Config) -> list[str]:
     x, y = a.to_dict(), b.to_dict()
     return [k for k in x if x[k] != y.get(k)]
 
