@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autotune.tuner.interval import PROCESS_CV, contains, ratio_interval, t95
+from autotune.tuner.interval import PROCESS_CV, contains, paired_speedup, ratio_interval, t95
 
 
 def test_t_quantiles_match_the_table_and_fall_towards_the_normal() -> None:
@@ -59,3 +59,13 @@ def test_nothing_to_say_without_a_claim_or_a_round() -> None:
     assert ratio_interval(2.0, [0.0, -1.0, math.nan]) is None
     iv = ratio_interval(2.0, [2.0, math.inf])  # what cannot be a ratio is left out
     assert iv is not None and iv.rounds == 1
+
+
+def test_a_speedup_from_paired_rounds_keeps_the_rounds_both_ran_in() -> None:
+    """The one rule of the confirmation's claim and `profile check`'s speedup now: medians
+    over the rounds both configs ran in, each round's ratio, their interval."""
+    value, ratios, iv = paired_speedup([200.0, None, 210.0, 190.0], [100.0, 98.0, 0.0, 95.0])
+    assert value == 195.0 / 97.5 and ratios == (2.0, 2.0)  # rounds 1 and 4
+    assert iv is not None and iv.rounds == 2 and iv.low < value < iv.high
+    assert paired_speedup([None, 1.0], [1.0, None]) is None
+    assert paired_speedup([math.inf], [1.0]) is None

@@ -24,7 +24,7 @@ from autotune.trial import launch
 from autotune.trial.command import Command, parse_command
 from autotune.trial.measurement import INTERRUPTED, Measurement, classify
 from autotune.trial.spec import MeasureSettings, TrialSpec
-from autotune.tuner.interval import Interval, ratio_interval
+from autotune.tuner.interval import Interval, paired_speedup
 from autotune.workloads import WorkloadSpec, builtin_workloads
 
 
@@ -55,12 +55,8 @@ class CheckResult:
     def speedup(self) -> tuple[float, Interval | None] | None:
         """The winner's speedup over the baseline now, from the rounds both ran in: the ratio
         of their medians, with the interval of its per-round ratios (``tuner.interval``)."""
-        pairs = [(w, b) for w, b in zip(self.paired_rates, self.baseline_rates, strict=False)
-                 if w and b]
-        if not pairs:
-            return None
-        value = statistics.median(w for w, _ in pairs) / statistics.median(b for _, b in pairs)
-        return value, ratio_interval(value, [w / b for w, b in pairs])
+        found = paired_speedup(self.paired_rates, self.baseline_rates)
+        return None if found is None else (found[0], found[2])
 
     @property
     def median(self) -> float | None:

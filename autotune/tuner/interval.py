@@ -102,5 +102,21 @@ def _interval(center: float, values: Sequence[float], reading_cvs: Sequence[floa
     return Interval(center * math.exp(-half), center * math.exp(half), n)
 
 
+def paired_speedup(win: Sequence[float | None], base: Sequence[float | None],
+                   reading_cvs: Sequence[float] = ()
+                   ) -> tuple[float, tuple[float, ...], Interval | None] | None:
+    """A speedup from readings paired by round (``win[i]`` and ``base[i]`` ran in round i;
+    None or 0 where a run failed): the ratio of the two medians over the rounds both ran in,
+    each such round's ratio, and their interval. The one rule for the confirmation's claim and
+    for ``profile check``'s speedup now. None where no round holds both."""
+    pairs = [(w, b) for w, b in zip(win, base, strict=False)
+             if w and b and w > 0 and b > 0 and math.isfinite(w) and math.isfinite(b)]
+    if not pairs:
+        return None
+    value = statistics.median(w for w, _ in pairs) / statistics.median(b for _, b in pairs)
+    ratios = tuple(w / b for w, b in pairs)
+    return value, ratios, ratio_interval(value, ratios, reading_cvs)
+
+
 def contains(interval: Interval, value: float) -> bool:
     return interval.low <= value <= interval.high

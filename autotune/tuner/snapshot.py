@@ -16,9 +16,9 @@ import optuna
 from autotune.config.knobs import Config
 from autotune.trial.measurement import Status
 from autotune.tuner import record
-from autotune.tuner.confirmation import Confirmation, Confirmed
+from autotune.tuner.confirmation import Confirmation
 from autotune.tuner.diagnosis import MemoryWall, Tried, TriedConfig
-from autotune.tuner.interval import Interval, ratio_interval
+from autotune.tuner.interval import Interval, paired_speedup
 from autotune.tuner.record import Pending, Predicted, StudyFacts, TrialRecord
 from autotune.tuner.search import Observation
 
@@ -128,11 +128,19 @@ class StudySnapshot:
             if conf.no_win or (win is not None and win.is_baseline):
                 return Speedup(1.0, CONFIRMED)  # not the baseline's rounds over themselves
             mine, theirs = conf.of(win.number) if win else None, conf.baseline
+            # Every round runs the baseline and every config still in it: the i-th readings
+            # of both share a round, where their counts agree (a stored confirmation is others'
+            # data in a shared study: it may hold anything).
+            paired = paired_speedup(mine.rates, theirs.rates, (*mine.window_cvs,
+                                                               *theirs.window_cvs)) \
+                if mine and theirs and len(mine.rates) == len(theirs.rates) else None
+            if paired is not None:
+                value, rounds, interval = paired
+                return Speedup(round(value, 3), CONFIRMED, tuple(round(r, 3) for r in rounds),
+                               interval, conf.machine_changed)
             if mine and theirs and mine.median and theirs.median:
-                value, rounds = round(mine.median / theirs.median, 3), _per_round(mine, theirs)
-                return Speedup(value, CONFIRMED, rounds, ratio_interval(
-                    value, rounds, (*mine.window_cvs, *theirs.window_cvs)),
-                    conf.machine_changed)
+                return Speedup(round(mine.median / theirs.median, 3), CONFIRMED,
+                               machine_changed=conf.machine_changed)
         if win is None or base is None or not win.samples_per_sec or not base.samples_per_sec \
                 or win.spread_cv is None or base.spread_cv is None:
             return None
@@ -217,13 +225,3 @@ def read(study: optuna.Study, limit: int | None = None) -> StudySnapshot:
         limit = int(facts.memory_limit_bytes or 0)
     return StudySnapshot(facts, tuple(record.read_trials(study)), limit,
                          record.read_pending(study))
-
-
-def _per_round(win: Confirmed, base: Confirmed) -> tuple[float, ...]:
-    """The winner's reading over the baseline's, round by round: every round runs the
-    baseline and every config still in it, so the i-th readings of both share a round. None
-    where their counts differ (a stored confirmation is others' data in a shared study: it
-    may hold anything)."""
-    if len(win.rates) != len(base.rates):
-        return ()
-    return tuple(round(a / b, 3) for a, b in zip(win.rates, base.rates, strict=True) if b > 0)
