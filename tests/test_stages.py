@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optuna.trial import TrialState
 
 from autotune.config.knobs import DECLARED, Config
 from autotune.config.space import load_space, narrow, parse_space
@@ -18,8 +19,10 @@ from autotune.tuner.record import TrialRecord, read_trial
 from autotune.tuner.search import MemoryModel, Observation, staged_next
 from autotune.tuner.stages import (
     REMEDIES,
+    after_start,
     combination,
     diagnosis_next,
+    neighbours,
     running_as,
     smallest_as_fast,
     story,
@@ -459,3 +462,71 @@ def test_changes_left_behind_at_two_steps_are_tried_together() -> None:
     assert proposal.config == CPU_BF16.variant(fused, attention="eager")
     assert proposal.stage.startswith("combination: attention eager + optimizer_impl fused, ")
     assert proposal.stage.endswith("tried together on the incumbent's line")
+
+
+def _run2() -> tuple[list[Observation], Config]:
+    """Run 2 of the claims (docs/benchmarks.md): the bf16 line read 8x1 within the noise of
+    16x1, the diagnosis went on at 8x1 to fused AdamW, then eager attention."""
+    p = CPU_BF16.variant(Config(), micro_batch_size=8, amp="bf16")
+    fused = CPU_BF16.variant(p, optimizer_impl="fused")
+    eager = CPU_BF16.variant(fused, attention="eager")
+    line = [CPU_BF16.variant(p, micro_batch_size=m) for m in (16, 32)]
+    seen = [_ok(0, Config(), 2.10), _ok(1, p, 4.10), _ok(2, line[0], 4.02), _ok(3, line[1], 3.60),
+            _ok(4, fused, 4.60), _ok(5, eager, 4.85)]
+    return seen, eager
+
+
+def test_the_incumbent_is_tried_at_the_neighbouring_batch_its_line_read_within_the_noise() -> None:
+    seen, eager = _run2()
+    tried = {o.config for o in seen}
+    proposal = neighbours(seen, eager, 0.05, CPU_BF16, tried, never)
+    assert proposal is not None
+    assert proposal.config == CPU_BF16.variant(eager, micro_batch_size=16)
+    assert proposal.stage == ("neighbour: micro-batch 16 read within the noise of 8 (4.02 vs "
+                              "4.1 samples/s in trials 2 and 1), tried with the incumbent's "
+                              "knobs")
+    # 4x1 never ran on any line: no evidence, not tried; measured at 16: nothing left.
+    assert neighbours([*seen, _ok(6, proposal.config, 4.7)], eager, 0.05, CPU_BF16,
+                      tried | {proposal.config}, never) is None
+    # A neighbour read beyond the noise behind, or one a model rules out, is not tried.
+    assert neighbours(seen, eager, 0.01, CPU_BF16, tried, never) is None
+    assert neighbours(seen, eager, 0.05, CPU_BF16, tried, lambda c: True) is None
+
+
+def test_the_nearest_pair_that_ran_at_both_batches_is_the_evidence() -> None:
+    """The staged line read 16 within the noise of 8, but fused AdamW read at both batches
+    says 16 is 10% behind with the knobs nearer the incumbent's: not tried."""
+    seen, eager = _run2()
+    fused16 = CPU_BF16.variant(seen[4].config, micro_batch_size=16)
+    seen = [*seen, _ok(6, fused16, 4.14)]
+    assert neighbours(seen, eager, 0.05, CPU_BF16, {o.config for o in seen}, never) is None
+
+
+def _best(config: Config, rate: float) -> TrialRecord:
+    return TrialRecord(5, TrialState.COMPLETE, config, Status.OK, None,
+                       Measurement(Status.OK, samples_per_sec=rate))
+
+
+def test_the_neighbouring_batch_comes_after_the_diagnosis_unless_time_holds_one_trial() -> None:
+    seen, eager = _run2()
+    tried = {o.config for o in seen}
+    found = [finding("compute-bound", mfu=0.5)]
+
+    def ask(last: bool) -> str:
+        p = after_start(CPU_BF16, _best(eager, 4.85), seen, found, tried, never,
+                        lambda c: last)
+        assert p is not None
+        return p.stage
+
+    assert ask(last=False).startswith("diagnosis: compute-bound at MFU 50% -> ")
+    assert ask(last=True).startswith("neighbour: micro-batch 16 ")
+    # Every remedy measured: the neighbour comes next without the time rule.
+    remedies = set()
+    for knob in REMEDIES["compute-bound"]:
+        domain = CPU_BF16.searched.get(knob)
+        for value in getattr(domain, "values", ()):
+            remedies.add(CPU_BF16.variant(eager, **{knob: value}))
+            remedies.add(CPU_BF16.variant(seen[1].config, **{knob: value}))
+    p = after_start(CPU_BF16, _best(eager, 4.85), seen, found, tried | remedies, never,
+                    lambda c: False)
+    assert p is not None and p.stage.startswith("neighbour: micro-batch 16 ")

@@ -304,7 +304,9 @@ class Runner:
                                fastest=budget.StepTimeModel(snap.observations).fastest) \
             or self._diagnosis_stage(snap, lambda c: model.verdict(c) is not None
                                      or too_slow(c)
-                                     or oversubscribed(c, self.hw.cpu_cores) is not None)
+                                     or oversubscribed(c, self.hw.cpu_cores) is not None,
+                                     lambda c: left is not None and self.steps.trial_budget(
+                                         c, left / 2, snap).ruled_out)
         if proposal is None:
             return False
         if proposal.config in running:
@@ -318,20 +320,15 @@ class Runner:
         found = {amp: peak_for(probe, amp, self.hw.device) for amp in ("off", "bf16", "fp16")}
         return {amp: peak for amp, peak in found.items() if peak}
 
-    def _diagnosis_stage(self, snap: StudySnapshot,
-                         ruled_out: Callable[[Config], bool]) -> Proposal | None:
-        """After the staged start: a change left behind on one noisy reading, tried on the
-        incumbent's line, else the next change that addresses what limits the incumbent
-        (``tuner.stages``), diagnosed again from the study as it stands."""
+    def _diagnosis_stage(self, snap: StudySnapshot, ruled_out: Callable[[Config], bool],
+                         last: Callable[[Config], bool]) -> Proposal | None:
+        """After the staged start: the next change ``stages.after_start`` proposes for the
+        incumbent, diagnosed again from the study as it stands."""
         if (best := snap.best) is None:
             return None
         tried = {o.config for o in snap.observations} | set(snap.pending.running)
-        noise, seen = noise_of(snap.observations), snap.observations
-        return stages.combination(seen, best.config, noise, self.space, tried, ruled_out) or \
-            stages.diagnosis_next(
-                self.space, best.config, diagnose_record(snap, best), tried, ruled_out,
-                stages.running_as(best.config, best.measurement.applied),
-                stages.smallest_as_fast(best.config, best.samples_per_sec or 0.0, seen, noise))
+        return stages.after_start(self.space, best, snap.observations,
+                                  diagnose_record(snap, best), tried, ruled_out, last)
 
     def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space

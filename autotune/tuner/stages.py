@@ -24,7 +24,7 @@ from autotune.config.space import Choices, NarrowedSpace
 from autotune.trial.measurement import Status
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord
-from autotune.tuner.search import Observation, Proposal, on_line
+from autotune.tuner.search import Observation, Proposal, micro_values, noise_of, on_line
 from autotune.tuner.sharding import ORDER
 
 # What addresses each kind of finding, in the order it is tried.
@@ -155,6 +155,27 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
     return None
 
 
+def after_start(space: NarrowedSpace, best: TrialRecord, observations: Sequence[Observation],
+                findings: Iterable[Finding], tried: Set[Config],
+                ruled_out: Callable[[Config], bool],
+                last: Callable[[Config], bool]) -> Proposal | None:
+    """The search after the staged start, for the incumbent ``best``: a change left behind on
+    one noisy reading, tried on its line (``combination``), else the next change that
+    addresses what limits it (``diagnosis_next``), else it at a neighbouring batch
+    (``neighbours``); that one first where the search's time holds one more such trial but
+    not two (``last``), so that the batch is measured with the knobs the search ends with."""
+    noise = noise_of(observations)
+    neighbour = neighbours(observations, best.config, noise, space, tried, ruled_out)
+    if neighbour is not None and last(neighbour.config):
+        return neighbour
+    return combination(observations, best.config, noise, space, tried, ruled_out) or \
+        diagnosis_next(space, best.config, findings, tried, ruled_out,
+                       running_as(best.config, best.measurement.applied),
+                       smallest_as_fast(best.config, best.samples_per_sec or 0.0,
+                                        observations, noise)) \
+        or neighbour
+
+
 # Whether a change that read within the noise of the one the search went on with is tried on
 # the incumbent's line (``combination``); a benchmark turns it off to compare.
 COMBINE = True
@@ -203,6 +224,56 @@ def combination(observations: Sequence[Observation], incumbent: Config, noise: f
                                 f"search went on with ({why}), tried {together}on the "
                                 "incumbent's line")
     return None
+
+
+# Whether the incumbent is tried at the neighbouring micro-batch its line's start read within
+# the noise (``neighbours``); a benchmark turns it off to compare.
+NEIGHBOURS = True
+
+
+def neighbours(observations: Sequence[Observation], incumbent: Config, noise: float,
+               space: NarrowedSpace, tried: Set[Config],
+               ruled_out: Callable[[Config], bool]) -> Proposal | None:
+    """The incumbent at a neighbouring micro-batch its knobs never ran at, where the search
+    read that batch within ``noise`` of the incumbent's batch.
+
+    The staged start chose the batch of each line on one reading per batch; the diagnosis then
+    changes other knobs at that batch only, and a change that saves a fixed time per step (a
+    fused optimizer) or per sample (an attention kernel) moves the best batch. A run chose
+    micro-batch 8 on a lead within the noise of 16, went on to fused AdamW with eager
+    attention at 8, and never measured them at 16, which a re-check read 5% faster. The
+    evidence for each neighbour is the pair of configs nearest the incumbent (fewest knobs
+    apart; the newest on a tie) that ran at both batches; the neighbour that read closest to
+    (or furthest past) its pair first; None when no neighbour is left to try."""
+    if not NEIGHBOURS:
+        return None
+    oks = [o for o in observations if o.status == Status.OK and o.samples_per_sec
+           and not o.predicted]
+    values = micro_values(space, incumbent)
+    at = incumbent.micro_batch_size
+    if at not in values:
+        return None
+    i = values.index(at)
+    found: list[tuple[float, Config, str]] = []
+    for n in values[max(0, i - 1):i] + values[i + 1:i + 2]:
+        config = space.variant(incumbent, micro_batch_size=n)
+        if config == incumbent or config in tried or ruled_out(config):
+            continue
+        pairs = [(a, b) for a in oks if a.config.micro_batch_size == at for b in oks
+                 if b.config.micro_batch_size == n and on_line(b.config, a.config)]
+        if not pairs:
+            continue
+        a, b = min(pairs, key=lambda p: (len(differs(p[0].config, incumbent)),
+                                         -max(p[0].number, p[1].number)))
+        ratio = _rate(b) / _rate(a)
+        if ratio * (1.0 + noise) >= 1.0:
+            found.append((ratio, config, f"{_rate(b):,.3g} vs {_rate(a):,.3g} samples/s "
+                                         f"in trials {b.number} and {a.number}"))
+    if not found:
+        return None
+    ratio, config, why = max(found, key=lambda f: f[0])
+    return Proposal(config, f"neighbour: micro-batch {config.micro_batch_size} read within the "
+                            f"noise of {at} ({why}), tried with the incumbent's knobs")
 
 
 def _descent(oks: Sequence[Observation], incumbent: Config) -> list[tuple[Observation,
