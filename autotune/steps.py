@@ -16,7 +16,8 @@ folder (``steps.rank<R>.jsonl``): the step's number, its end time and its sample
 callbacks, how long it waited for data). The tuner reads these files and builds warm-up, windows
 and the result from them exactly as for a built-in workload (``trial.command``); when it has
 measured enough it writes ``stop.json`` naming a step every rank stops after, so ranks that run
-in lockstep leave together. Which ``Profile`` methods the script called is recorded the same way
+in lockstep leave together. On CPU, the first step also reads the machine's speed where the
+tuner asks (``autotune.trial.sentinel``; it imports torch only when the script already has). Which ``Profile`` methods the script called is recorded the same way
 (``accessed``): the tuner searches only the knobs the script applies.
 
 This module is imported by training scripts: standard library only.
@@ -41,6 +42,8 @@ SAMPLES_ENV = "AUTOTUNE_SAMPLES_PER_STEP"
 STOP_FILE = "stop.json"
 STOP_POLL_S = 0.05  # how often should_stop() looks for the stop file
 MEMORY_POLL_S = 0.5  # how often step() reads the CUDA allocator's peak (when CUDA is in use)
+# Where the tuner asks for the sentinel's reading (``autotune.trial.sentinel.SCRIPT_ENV``).
+SENTINEL_ENV = "AUTOTUNE_SENTINEL"
 
 
 def steps_file(folder: str, rank: int) -> str:
@@ -72,6 +75,8 @@ class _Trial:
     def step(self, samples: int | None, data_s: float | None, loss: Any = None) -> None:
         if os.getpid() != self.pid:
             return  # a forked child (a fork-started rank, a worker) is not this process
+        if self.steps == 0:
+            self._sentinel()  # in the first step's time: the script's start-up, not a window
         now = time.time()
         n = self.default_samples if samples is None else _samples(samples)
         extra = "" if data_s is None else f',"d":{_seconds(data_s):.6f}'
@@ -86,6 +91,21 @@ class _Trial:
         if samples is None:
             extra += ',"default":1' if self.steps == 1 else ""
         self.file.write(f'{{"s":{self.steps},"t":{now:.6f},"n":{n}{extra}}}\n')
+
+    def _sentinel(self) -> None:
+        """The machine's speed (``autotune.trial.sentinel``), read once, at the end of the first
+        step, where the tuner asks and the script trains with torch; a reading that fails is
+        said on stderr and the script trains on."""
+        request = os.environ.get(SENTINEL_ENV)
+        if not request or "torch" not in sys.modules:
+            return
+        try:
+            from autotune.trial.sentinel import read_requested
+
+            world = _env_int("WORLD_SIZE", "1", "set by the launcher")
+            self._write({"sentinel": read_requested(request, world)})
+        except Exception as exc:  # noqa: BLE001 - the user's training goes on
+            print(f"autotune: the sentinel's reading failed: {exc}", file=sys.stderr)
 
     def diverged(self) -> None:
         if os.getpid() == self.pid:

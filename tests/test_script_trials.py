@@ -240,7 +240,8 @@ def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
 # -- real scripts, one trial each -----------------------------------------------------------------
 
 def _trial(tmp_path: Path, *args: str, config: Config | None = None,
-           settings: MeasureSettings = QUICK, timeout: float = 60.0) -> Measurement:
+           settings: MeasureSettings = QUICK, timeout: float = 60.0,
+           sentinel: tuple[str, ...] = ()) -> Measurement:
     """One trial of loop.py in a real process, as the tuner runs it."""
     config = config or Config(micro_batch_size=16)
     hw = detect()
@@ -249,7 +250,7 @@ def _trial(tmp_path: Path, *args: str, config: Config | None = None,
                       env={}, result={"samples_per_sec": 0.0}, baseline={}, speedup=None,
                       fingerprint=hw.fingerprint(), provenance={"candidate": True})
     folder = tmp_path / "trial"
-    spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu", settings)
+    spec = TrialSpec(WorkloadSpec("command", {}), config, "cpu", settings, sentinel=sentinel)
     p = launch.plan_command(spec, command, workdir=folder, timeout_s=timeout,
                             profile=profile.to_yaml())
     return classify(launch.execute(p))
@@ -266,6 +267,37 @@ def test_a_script_is_measured_and_stops_when_asked(tmp_path: Path) -> None:
     stop = json.loads((tmp_path / "trial" / STOP_FILE).read_text())["at_step"]
     # Alone, it leaves at its first look at the request (a rank with peers: at the step named).
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= stop
+
+
+def test_a_script_s_trial_reads_the_sentinel_at_its_first_step(tmp_path: Path) -> None:
+    m = _trial(tmp_path, sentinel=("fp32",))
+    assert m.ok, m.reason
+    assert {"matmul_fp32_gflops", "copy_gbs", "threads", "world_size", "seconds"} <= \
+        set(m.sentinel), m.sentinel
+    assert m.sentinel["world_size"] == 1
+    lines = (tmp_path / "trial" / "steps.rank0.jsonl").read_text().splitlines()
+    kinds = [next(iter(json.loads(x))) for x in lines if '"a"' not in x]  # not the accesses
+    assert kinds[:3] == ["start", "sentinel", "s"]  # once, before step 1's end
+    assert kinds.count("sentinel") == 1
+    # Not asked (a study without one, or a CUDA trial): no reading, no line.
+    assert _trial(tmp_path / "none").sentinel == {}
+
+
+def test_a_script_s_sentinel_line_is_untrusted_data(tmp_path: Path) -> None:
+    from autotune.trial.reports import RankReports
+
+    path = tmp_path / "steps.rank0.jsonl"
+    now = time.time()
+    path.write_text("\n".join(json.dumps(d) for d in (
+        {"start": now, "pid": 1, "rank": 0},
+        {"sentinel": {"matmul_fp32_gflops": "9e99", "copy_gbs": -1, "threads": 2,
+                      "__class__": 1, "seconds": float("inf")}},
+        {"sentinel": {"matmul_fp32_gflops": 5.0}},  # a second one: the first counts
+        {"s": 1, "t": now + 0.1, "n": 16})) + "\n")
+    r = RankReports(path)
+    r.read(now - 1)
+    assert r.bad is None and len(r.ends) == 1
+    assert r.sentinel == {"threads": 2.0}
 
 
 def test_in_a_trial_the_profile_a_script_loads_by_path_is_the_candidate(tmp_path: Path) -> None:

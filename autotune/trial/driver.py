@@ -335,6 +335,8 @@ class StepDriver:
         readback = next((r.readback for r in ranks if r.readback is not None), None)
         if readback is not None:
             doc["script"]["readback"] = readback
+        if ranks[0].sentinel:
+            doc["sentinel"] = ranks[0].sentinel
         if warm.step_times:
             doc["warmup"] = warm.record(doc["timings"].get("warmup_s", 0.0))
         if self.windows:

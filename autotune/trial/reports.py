@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.config.knobs import KNOBS
 from autotune.trial.result import ReadbackDoc
+from autotune.trial.sentinel import Reading, clean
 from autotune.trial.untrusted import Refused, loads, open_file
 
 # The shortest optimizer step a report may claim: reporting one step (``autotune.step()``)
@@ -144,6 +145,7 @@ class RankReports:
     diverged: str | None = None  # the step whose loss the script reported as not finite
     lines: int = 0
     pids: list[int] = field(default_factory=list)  # the processes that began reporting here
+    sentinel: Reading = field(default_factory=dict)  # its first step's reading of the machine
 
     def read(self, since: float) -> None:
         """New whole lines since the last read (tailed by offset: a long run has many), a
@@ -219,6 +221,8 @@ class RankReports:
                 raise BadReport(f"rank {self.index} reported a profile method {name!r}")
             if name not in self.accessed:
                 self.accessed.append(name)
+        elif "sentinel" in e:  # the machine's speed at its first step: the first one counts
+            self.sentinel = self.sentinel or clean(e["sentinel"])
         elif "start" in e:  # a process began reporting as this rank
             pid = e.get("pid")
             if isinstance(pid, int) and not isinstance(pid, bool) and pid not in self.pids \

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from autotune.steps import SENTINEL_ENV
+
 # A config's amp value -> the precision its matmuls run in.
 PRECISION_OF = {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}
 PROBE_S = 0.25
@@ -36,6 +38,31 @@ COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 1024 * 2**20}
 # (``copy_gbs``: bytes read and written), the ``seconds`` it took, the ``threads`` it ran on
 # and the ``world_size`` of the trial (ranks read at once).
 Reading = dict[str, float]
+
+
+def probe_seconds(max_seconds: float) -> float:
+    """Seconds per probe in a trial of ``max_seconds`` of measuring: ``PROBE_S``, at most 1/200
+    of it (a short test trial reads briefly)."""
+    return min(PROBE_S, max_seconds / 200)
+
+
+# A script's trial (``autotune run -- CMD``) asks for a reading through its environment:
+# "<seconds per probe>:<precision>,<precision>..."; ``autotune.steps`` takes it at the end of the
+# script's first reported step (on CPU: CUDA's part is NVML's clocks, sampled by the tuner).
+SCRIPT_ENV = SENTINEL_ENV
+
+
+def script_request(precisions: Iterable[str], max_seconds: float) -> str:
+    return f"{probe_seconds(max_seconds):g}:{','.join(precisions)}"
+
+
+def read_requested(request: str, world_size: int) -> Reading:
+    """The reading a script's trial asked for (``SCRIPT_ENV``), on the CPU."""
+    import torch
+
+    seconds, _, names = request.partition(":")
+    probe_s = min(PROBE_S, max(0.001, float(seconds)))
+    return read(torch.device("cpu"), [n for n in names.split(",") if n], world_size, probe_s)
 
 
 def precisions_of(amps: Iterable[object]) -> tuple[str, ...]:

@@ -98,9 +98,11 @@ def threshold(noise_cv: float | None) -> float:
     return max(FLOOR, K * math.sqrt(2) * (noise_cv if noise_cv is not None else 0.0))
 
 
-def of_ranks(readings: Sequence[Reading], world_size: float) -> list[Reading]:
-    """The readings of trials of ``world_size`` ranks (an unlabelled one counts as one)."""
-    return [r for r in readings if r.get("world_size", 1.0) == world_size]
+def alike(readings: Sequence[Reading], like: Reading) -> list[Reading]:
+    """The readings taken as ``like`` was: by as many ranks at once (an unlabelled one counts
+    as one) on as many threads (a script may set its own before its first step)."""
+    return [r for r in readings if r.get("world_size", 1.0) == like.get("world_size", 1.0)
+            and r.get("threads") == like.get("threads")]
 
 
 def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> list[Change]:
@@ -110,13 +112,12 @@ def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> l
     taken = [r for rnd in rounds for r in rnd if rates(r)]
     if not taken:
         return []
-    world = taken[0].get("world_size", 1.0)
-    search = of_ranks(search, world)
+    search = alike(search, taken[0])
     cvs = noise(search)
     found: list[Change] = []
     for name in sorted({k for r in taken for k in rates(r)}):
         limit = threshold(cvs.get(name))
-        per_round = [[r[name] for r in of_ranks(rnd, world) if name in r] for rnd in rounds]
+        per_round = [[r[name] for r in alike(rnd, taken[0]) if name in r] for rnd in rounds]
         moves = _within(name, per_round, limit) + _between(name, per_round, limit)
         before = [r[name] for r in search if name in r]
         after = [v for values in per_round for v in values]

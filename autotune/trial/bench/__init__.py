@@ -155,10 +155,10 @@ def _read_sentinel(spec: TrialSpec, device: Any, result: TrialResultDoc, ranks: 
     budget per probe (a short test trial reads briefly)."""
     if not spec.sentinel:
         return
-    from autotune.trial.sentinel import PROBE_S, read
+    from autotune.trial.sentinel import probe_seconds, read
 
-    probe_s = min(PROBE_S, spec.measure.max_seconds / 200)
-    result["sentinel"] = read(device, spec.sentinel, ranks.world, probe_s=probe_s)
+    result["sentinel"] = read(device, spec.sentinel, ranks.world,
+                              probe_s=probe_seconds(spec.measure.max_seconds))
 
 
 def tokens_per_sample(dataset: Any) -> int | None:
