@@ -16,6 +16,7 @@ num_workers 2". Pure functions over what the study has measured; the runner queu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
@@ -23,6 +24,7 @@ from autotune.config.knobs import Config
 from autotune.config.space import Choices, NarrowedSpace
 from autotune.trial.measurement import Status
 from autotune.tuner.diagnosis import Finding
+from autotune.tuner.interval import PROCESS_CV
 from autotune.tuner.record import TrialRecord
 from autotune.tuner.search import Observation, Proposal, micro_values, noise_of, on_line
 from autotune.tuner.sharding import ORDER
@@ -155,6 +157,14 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
     return None
 
 
+# How far apart two single readings of one config in two fresh processes fall by chance: twice
+# the noise of a difference of two readings at ``interval.PROCESS_CV`` each (11%). The in-trial
+# spread (``noise_of``, 2-6% on the 2-core VMs) misses what moves between processes: a run read
+# fused AdamW 7% behind foreach (2.53 vs 2.72 samples/s, one trial each) and went on with
+# foreach; with eager attention, fused read 14% ahead of foreach in both rounds of a re-check.
+ONE_READING = 2 * math.sqrt(2) * PROCESS_CV
+
+
 def after_start(space: NarrowedSpace, best: TrialRecord, observations: Sequence[Observation],
                 findings: Iterable[Finding], tried: Set[Config],
                 ruled_out: Callable[[Config], bool],
@@ -162,18 +172,22 @@ def after_start(space: NarrowedSpace, best: TrialRecord, observations: Sequence[
     """The search after the staged start, for the incumbent ``best``: a change left behind on
     one noisy reading, tried on its line (``combination``), else the next change that
     addresses what limits it (``diagnosis_next``), else it at a neighbouring batch
-    (``neighbours``); that one first where the search's time holds one more such trial but
-    not two (``last``), so that the batch is measured with the knobs the search ends with."""
+    (``neighbours``; that one first where the search's time holds one more such trial but not
+    two: ``last``), else its own changes that tied with it, combined with the left-behind ones
+    (``combination`` with ties). "Within the noise" here is of one reading each
+    (``ONE_READING``, or the trials' own noise where larger)."""
     noise = noise_of(observations)
-    neighbour = neighbours(observations, best.config, noise, space, tried, ruled_out)
+    one = max(noise, ONE_READING)  # the search chose on one reading of each of two processes
+    neighbour = neighbours(observations, best.config, one, space, tried, ruled_out)
     if neighbour is not None and last(neighbour.config):
         return neighbour
-    return combination(observations, best.config, noise, space, tried, ruled_out) or \
+    return combination(observations, best.config, one, space, tried, ruled_out) or \
         diagnosis_next(space, best.config, findings, tried, ruled_out,
                        running_as(best.config, best.measurement.applied),
                        smallest_as_fast(best.config, best.samples_per_sec or 0.0,
                                         observations, noise)) \
-        or neighbour
+        or neighbour or combination(observations, best.config, one, space, tried, ruled_out,
+                                    ties=True)
 
 
 # Whether a change that read within the noise of the one the search went on with is tried on
@@ -183,19 +197,20 @@ BATCH = ("micro_batch_size", "grad_accum_steps")  # the staged start's lines, no
 
 
 def combination(observations: Sequence[Observation], incumbent: Config, noise: float,
-                space: NarrowedSpace, tried: Set[Config],
-                ruled_out: Callable[[Config], bool]) -> Proposal | None:
+                space: NarrowedSpace, tried: Set[Config], ruled_out: Callable[[Config], bool],
+                ties: bool = False) -> Proposal | None:
     """Changes the search left behind on one noisy reading, tried on the incumbent's line.
 
     The incumbent descends from the baseline by one-knob changes, each of which beat its
-    parent (its line of descent: ``_descent``). Where a step's parent had another such child
-    (a change of its own that beat the parent) that read within ``noise`` of the child the
-    search went on with, the search chose between the two on one reading each: that change
-    is tried on the incumbent, alone and together with each other such change of another
-    knob. A run went on with foreach AdamW (2.79 samples/s) over fused (2.75), then found
-    eager attention on the foreach line; fused with eager, 4-9% faster in every re-check, was
-    never measured. The first such config not yet measured (single changes first, the
-    closest siblings first); None when there is none."""
+    parent (its line of descent: ``_descent``). Where a step's parent had another child (a
+    change of its own) that read within ``noise`` of the child the search went on with, the
+    search chose between the two on one reading each: that change is tried on the incumbent,
+    alone and together with each other such change of another knob. With ``ties`` (once the
+    diagnosis has nothing left), so are the changes of the incumbent itself that read within
+    ``noise`` of it without beating it. A run went on with foreach AdamW (2.79 samples/s)
+    over fused (2.75), then found eager attention on the foreach line; fused with eager, 4-9%
+    faster in every re-check, was never measured. The first such config not yet measured
+    (single changes first, the closest siblings first); None when there is none."""
     if not COMBINE:
         return None
     oks = [o for o in observations if o.status == Status.OK and o.samples_per_sec
@@ -205,13 +220,15 @@ def combination(observations: Sequence[Observation], incumbent: Config, noise: f
         (went,) = differs(parent.config, child.config)
         siblings = [s for s in oks if s.number > parent.number and s.config != child.config
                     and len(differs(parent.config, s.config)) == 1
-                    and _rate(s) > _rate(parent) and _rate(s) * (1.0 + noise) >= _rate(child)]
+                    and _rate(s) * (1.0 + noise) >= _rate(child)]
         for s in sorted(siblings, key=_rate, reverse=True):
             (knob,) = differs(parent.config, s.config)
             if knob not in BATCH:
                 left.append((knob, getattr(s.config, knob),
                              f"{_rate(s):,.3g} vs {_rate(child):,.3g} samples/s for {went} "
                              f"{_show(getattr(child.config, went))}"))
+    if ties:
+        left += _ties(oks, incumbent, noise)
     pairs = [(a, b) for i, a in enumerate(left) for b in left[i + 1:] if a[0] != b[0]]
     for changes in [[a] for a in left] + [[a, b] for a, b in pairs]:
         config = space.variant(incumbent, **{k: v for k, v, _ in changes})
@@ -220,10 +237,29 @@ def combination(observations: Sequence[Observation], incumbent: Config, noise: f
         what = " + ".join(f"{k} {_show(v)}" for k, v, _ in changes)
         why = "; ".join(r for _, _, r in changes)
         together = "together " if len(changes) > 1 else ""
-        return Proposal(config, f"combination: {what}, read within the noise of the change the "
+        return Proposal(config, f"combination: {what}, read within the noise of what the "
                                 f"search went on with ({why}), tried {together}on the "
                                 "incumbent's line")
     return None
+
+
+def _ties(oks: Sequence[Observation], incumbent: Config,
+          noise: float) -> list[tuple[str, Any, str]]:
+    """The incumbent's own one-knob changes (its children) that read within ``noise`` of it
+    without beating it, the closest first."""
+    node = next((o for o in oks if o.config == incumbent), None)
+    if node is None:
+        return []
+    found = []
+    for o in sorted(oks, key=_rate, reverse=True):
+        if o.number > node.number and parent_of(o, oks) is node \
+                and _rate(o) * (1.0 + noise) >= _rate(node):
+            (knob,) = differs(node.config, o.config)
+            if knob not in BATCH:
+                found.append((knob, getattr(o.config, knob),
+                              f"{_rate(o):,.3g} vs {_rate(node):,.3g} samples/s on the "
+                              "incumbent's line"))
+    return found
 
 
 # Whether the incumbent is tried at the neighbouring micro-batch its line's start read within
@@ -350,7 +386,7 @@ def story(trials: Sequence[TrialRecord], baseline_rate: float | None) -> list[st
     out = []
     for t in trials:
         stage = t.stage or ""
-        if not stage.startswith(("diagnosis: ", "combination: ")):
+        if not stage.startswith(("diagnosis: ", "combination: ", "neighbour: ")):
             continue
         told = stage.removeprefix("diagnosis: ")
         rate = t.samples_per_sec
