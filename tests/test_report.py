@@ -450,3 +450,20 @@ def test_measured_effects_read_each_one_knob_change_against_its_parent() -> None
                            _candidate(0, BASE, [99.0, 101.0], True)]}
     side = gather(_study(trials, conf)).effects[0]
     assert side.knob == "amp" and side.confirmed and side.ratio == pytest.approx(1.51)
+    # One round of one of them (screened out after it): one reading each, the search's pair.
+    conf["candidates"] = [_candidate(1, b16, [120.0], False),
+                          _candidate(0, BASE, [99.0, 101.0], True)]
+    once = gather(_study(trials, conf)).effects[0]
+    assert once.knob == "amp" and not once.confirmed and once.ratio == pytest.approx(1.78)
+
+
+def test_an_effect_within_the_noise_never_heads_the_panel() -> None:
+    """A run's 16x1 trial read 43% behind 8x1 at a 40% window spread: within its margin, it
+    comes after precision's 1.75x (a smaller ratio), which was beyond it."""
+    trials = [_trial(Config(micro_batch_size=8), 1.45, baseline=True),
+              _trial(Config(micro_batch_size=8, amp="bf16"), 2.54, stage="staged"),
+              _trial(Config(micro_batch_size=16, amp="bf16"), 1.40, stage="staged",
+                     spread=0.4)]
+    effects = gather(_study(trials)).effects
+    assert [(e.knob, e.beyond_noise) for e in effects] == [("amp", True),
+                                                          ("micro_batch_size", False)]

@@ -7,8 +7,9 @@ the run's gain: fp32 1.32 -> bf16 2.35 samples/s at the same batch).
 
 Each knob's effect is its largest measured one: the child's rate over its parent's, the margin
 their spreads allow (``tuner.confirmation.margin_of``, the confirmation's rule), and whether both
-configs ran side by side in the confirmation (then the ratio is of their medians over the rounds
-both ran in).
+configs ran side by side in at least two rounds of the confirmation (then the ratio is of their
+medians over the rounds both ran in; a config screened out after one round read once there, no
+better than its search trial). The effects beyond the noise come first, the largest first.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def measured_effects(records: Sequence[TrialRecord],
         held = best.get(knob)
         if held is None or abs(math.log(effect.ratio)) > abs(math.log(held.ratio)):
             best[knob] = effect
-    return sorted(best.values(), key=lambda e: -abs(math.log(e.ratio)))
+    # Beyond the noise first: an effect its margin cannot tell from nothing never heads.
+    return sorted(best.values(), key=lambda e: (not e.beyond_noise, -abs(math.log(e.ratio))))
 
 
 def _effect(knob: str, parent: TrialRecord, child: TrialRecord,
@@ -77,9 +79,10 @@ def _effect(knob: str, parent: TrialRecord, child: TrialRecord,
     confirmed = False
     if confirmation is not None:
         a, b = confirmation.of(parent.number), confirmation.of(child.number)
-        # The rounds both ran in (a config screened out after round 1 ran in that one only).
+        # The rounds both ran in (a config screened out after round 1 ran in that one only);
+        # one round is one reading of each, no better than the search's: two at least.
         both = min(len(a.rates), len(b.rates)) if a is not None and b is not None else 0
-        if a is not None and b is not None and both:
+        if a is not None and b is not None and both >= 2:
             paired = (statistics.median(a.rates[:both]), statistics.median(b.rates[:both]))
             if all(r > 0 and math.isfinite(r) for r in paired):  # a stored document: checked
                 rates, cvs, confirmed = paired, (a.spread_cv, b.spread_cv), True
