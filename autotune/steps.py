@@ -17,8 +17,9 @@ callbacks, how long it waited for data). The tuner reads these files and builds 
 and the result from them exactly as for a built-in workload (``trial.command``); when it has
 measured enough it writes ``stop.json`` naming a step every rank stops after, so ranks that run
 in lockstep leave together. On CPU, the first step also reads the machine's speed where the
-tuner asks (``autotune.trial.sentinel``; it imports torch only when the script already has). Which ``Profile`` methods the script called is recorded the same way
-(``accessed``): the tuner searches only the knobs the script applies.
+tuner asks (``autotune.trial.sentinel``; it imports torch only when the script already has).
+Which ``Profile`` methods the script called is recorded the same way (``accessed``): the tuner
+searches only the knobs the script applies.
 
 This module is imported by training scripts: standard library only.
 """
