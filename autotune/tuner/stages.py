@@ -30,10 +30,8 @@ from autotune.tuner.search import Observation, Proposal, micro_values, noise_of,
 from autotune.tuner.sharding import ORDER
 
 # What addresses each kind of finding, in the order it is tried. Compile last of the compute
-# knobs: its trials spend 45-70 s compiling (2-core VMs) before they measure, the others
-# nothing, so on a short budget its values used the time before the cheaper changes ran (three
-# of six default runs never measured eager attention, which with fused AdamW at micro-batch 8
-# beat their picks by 7-8% in their re-checks).
+# knobs: its trials spend 45-70 s compiling (2-core VMs), the others nothing; on a short budget
+# its values took the time before eager attention ran, which beat three runs' picks by 7-8%.
 REMEDIES: dict[str, tuple[str, ...]] = {
     "input-bound": ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads"),
     "low-mfu": ("optimizer_impl", "matmul_precision", "attention", "compile"),
