@@ -43,7 +43,7 @@ SAMPLES_ENV = "AUTOTUNE_SAMPLES_PER_STEP"
 STOP_FILE = "stop.json"
 STOP_POLL_S = 0.05  # how often should_stop() looks for the stop file
 MEMORY_POLL_S = 0.5  # how often step() reads the CUDA allocator's peak (when CUDA is in use)
-# Where the tuner asks for the sentinel's reading (``autotune.trial.sentinel.SCRIPT_ENV``).
+# Where the tuner asks for the sentinel's reading (``autotune.trial.sentinel.script_request``).
 SENTINEL_ENV = "AUTOTUNE_SENTINEL"
 
 

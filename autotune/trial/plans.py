@@ -21,6 +21,7 @@ from typing import Any
 from autotune.bootstrap import MODE_ENV, TRIAL, trainer_env
 from autotune.bootstrap.memory import LIMIT_ENV
 from autotune.config.knobs import env_for
+from autotune.steps import SENTINEL_ENV
 from autotune.trial import sentinel
 from autotune.trial.command import Command, command_env
 from autotune.trial.processes import TRIAL_TOKEN, new_token
@@ -144,8 +145,7 @@ def plan_command(spec: TrialSpec, command: Command, *, workdir: Path, timeout_s:
         env[LIMIT_ENV] = str(spec.memory_limit_bytes)
     if spec.device == "cpu" and spec.sentinel:
         # Read by the script's first step (``autotune.steps``); on CUDA, NVML's clocks.
-        env[sentinel.SCRIPT_ENV] = sentinel.script_request(spec.sentinel,
-                                                           spec.measure.max_seconds)
+        env[SENTINEL_ENV] = sentinel.script_request(spec.sentinel, spec.measure.max_seconds)
     files = _files(workdir)
     env[TRIAL_TOKEN] = new_token(files["result"])
     return TrialPlan(argv=command.argv, env=env, timeout_s=timeout_s, spec=spec.to_json(),

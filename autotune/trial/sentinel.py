@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from autotune.steps import SENTINEL_ENV
-
 # A config's amp value -> the precision its matmuls run in.
 PRECISION_OF = {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}
 PROBE_S = 0.25
@@ -46,18 +44,15 @@ def probe_seconds(max_seconds: float) -> float:
     return min(PROBE_S, max_seconds / 200)
 
 
-# A script's trial (``autotune run -- CMD``) asks for a reading through its environment:
-# "<seconds per probe>:<precision>,<precision>..."; ``autotune.steps`` takes it at the end of the
-# script's first reported step (on CPU: CUDA's part is NVML's clocks, sampled by the tuner).
-SCRIPT_ENV = SENTINEL_ENV
-
-
 def script_request(precisions: Iterable[str], max_seconds: float) -> str:
+    """What a script's trial (``autotune run -- CMD``) finds in ``steps.SENTINEL_ENV``:
+    "<seconds per probe>:<precision>,<precision>..."; ``autotune.steps`` reads it at the end of
+    the script's first reported step (on CPU: CUDA's part is NVML's clocks)."""
     return f"{probe_seconds(max_seconds):g}:{','.join(precisions)}"
 
 
 def read_requested(request: str, world_size: int) -> Reading:
-    """The reading a script's trial asked for (``SCRIPT_ENV``), on the CPU."""
+    """The reading a script's trial asked for (``steps.SENTINEL_ENV``), on the CPU."""
     import torch
 
     seconds, _, names = request.partition(":")
