@@ -140,6 +140,9 @@ def hf_flags(profile: Profile) -> str:
     if profile.config.cpu_threads:
         lines.append(f"# cpu_threads={profile.config.cpu_threads}: OMP_NUM_THREADS="
                      f"{profile.config.cpu_threads} in the environment, or `autotune launch`")
+    if profile.config.malloc_retain:
+        lines.append("# malloc_retain=true: profile.apply_torch_flags() before the script builds "
+                     "its model, or `autotune launch`")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ median over the fastest median).
 
 ``--against old-knobs`` compares the profile's config with the same config whose model and
 process knobs (compile, optimizer_impl, matmul_precision, attention, activation_checkpointing,
-cpu_threads) are at their baseline: what the winner owes to those knobs alone.
+cpu_threads, malloc_retain) are at their baseline: what the winner owes to those knobs alone.
 
 Each round runs the baseline's config and the profile's config, each in a fresh trial process
 (B W B W ...), measured with the search's default settings (not the confirmation's), so the
@@ -47,7 +47,7 @@ from autotune.trial.spec import MeasureSettings, TrialSpec  # noqa: E402
 from autotune.workloads import WorkloadSpec  # noqa: E402
 
 MODEL_KNOBS = ("compile", "optimizer_impl", "matmul_precision", "attention",
-               "activation_checkpointing", "cpu_threads")
+               "activation_checkpointing", "cpu_threads", "malloc_retain")
 
 
 def main() -> int:

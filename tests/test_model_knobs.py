@@ -1,6 +1,7 @@
 """The model and process knobs (compile, optimizer implementation, matmul precision, attention,
-activation checkpointing, CPU threads): narrowed with reasons, applied in real trial processes,
-and what took effect read back from torch, the model and the optimizer."""
+activation checkpointing, CPU threads, retained host memory): narrowed with reasons, applied in
+real trial processes, and what took effect read back from torch, the model and the
+optimizer."""
 
 from __future__ import annotations
 
@@ -74,10 +75,11 @@ def test_a_workloads_supports_is_checked() -> None:
 
 def test_what_a_trial_applied_is_read_back_from_the_trial_process(tmp_path: Path) -> None:
     config = Config(micro_batch_size=4, optimizer_impl="fused", attention="eager",
-                    activation_checkpointing=True, cpu_threads=1)
+                    activation_checkpointing=True, cpu_threads=1, malloc_retain=True)
     raw, m = _trial(tmp_path, "bert", {"size": "tiny", "seq_len": 16}, config)
     assert m.ok, raw.stderr_tail[-2000:]
     assert m.applied["threads"] == 1
+    assert m.applied["malloc_retain"] is sys.platform.startswith("linux")
     assert m.applied["attention"] == "eager"
     assert m.applied["activation_checkpointing"] is True
     assert m.applied["optimizer"] == {"class": "AdamW", "foreach": False, "fused": True}
@@ -88,6 +90,7 @@ def test_what_a_trial_applied_is_read_back_from_the_trial_process(tmp_path: Path
     # The baseline leaves the model and the optimizer as the workload built them.
     assert base.applied["optimizer"] == {"class": "AdamW", "foreach": None, "fused": None}
     assert base.applied["activation_checkpointing"] is False
+    assert base.applied["malloc_retain"] is False
     assert base.applied["attention"] != "eager"
 
 
@@ -254,3 +257,37 @@ def test_a_trial_never_measures_a_model_knob_its_model_cannot_take(
     monkeypatch.setattr(steps, "in_trial", lambda: True)
     with pytest.raises(ProfileError, match="activation_checkpointing"):
         replace(make(), config=config).prepare_model(torch.nn.Linear(4, 1))
+
+
+FAULTS = """
+import resource, sys, torch
+from autotune.trial.apply import retain_freed_memory, torch_flags_in_force
+if sys.argv[1] == "retain":
+    assert retain_freed_memory() and torch_flags_in_force()["malloc_retain"]
+else:
+    assert not torch_flags_in_force()["malloc_retain"]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(8):  # an activation-sized tensor made and freed, as every training step does
+    t = torch.empty(40 * 2**20, dtype=torch.uint8)
+    t.fill_(1)
+    del t
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_retained_host_memory_stops_each_step_faulting_its_pages_in_afresh() -> None:
+    import subprocess
+
+    faults = {}
+    for mode in ("default", "retain"):
+        done = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        faults[mode] = int(done.stdout.split()[-1])
+    pages = 8 * 40 * 2**20 // 4096
+    # By default glibc maps a tensor above 32 MiB on its own and unmaps it when freed: its
+    # pages fault in afresh every time. Retained, they fault in as the heap first grows (a
+    # tensor's worth or two of the eight here).
+    assert faults["default"] > pages * 3 // 4, faults
+    assert faults["retain"] < pages * 3 // 8, faults

@@ -124,6 +124,8 @@ def test_an_old_study_resumes_and_exports_a_profile(old_study: Path) -> None:
                      url(old_study), "--space", str(space),
                      cwd=old_study.parent, timeout=600, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    # A knob newer than the study is searched from now on, and said so.
+    assert "before malloc_retain could be searched" in result.stdout + result.stderr
 
     after = trials(old_study)
     assert after[:len(before)] == before, "the resume changed the old trials"

@@ -175,12 +175,16 @@ def test_the_optimizer_is_tried_at_the_smallest_batch_that_measured_as_fast_as_t
     at = smallest_as_fast(incumbent, 2.56, obs, noise=0.09)
     assert at == obs[0].config
     low = [finding("compute-bound", mfu=0.53)]
+    # On a CPU, retained host memory first, on the incumbent itself.
     p = diagnosis_next(cpu, incumbent, low, set(), never, per_step_at=at)
+    assert p is not None and p.config == cpu.variant(incumbent, malloc_retain=True)
+    retained = {p.config}
+    p = diagnosis_next(cpu, incumbent, low, retained, never, per_step_at=at)
     assert p is not None and p.config == cpu.variant(at, optimizer_impl="fused")
     assert p.stage == "diagnosis: compute-bound at MFU 53% -> optimizer_impl fused at micro-batch 8"
     # The other knobs change the incumbent itself; with the optimizer's values tried, the
     # attention comes next at 32x1 (compiling last).
-    tried = {cpu.variant(at, optimizer_impl=v) for v in ("fused", "foreach")}
+    tried = retained | {cpu.variant(at, optimizer_impl=v) for v in ("fused", "foreach")}
     p = diagnosis_next(cpu, incumbent, low, tried, never, per_step_at=at)
     assert p is not None and p.config == cpu.variant(incumbent, attention="sdpa")
     # Where the smaller batches read slower by more than the noise, the incumbent is the place.
@@ -571,3 +575,18 @@ def test_changes_that_tied_with_the_incumbent_are_combined_once_the_diagnosis_is
                 for v in getattr(CPU_BF16.searched.get(k), "values", ())}
     then = after_start(CPU_BF16, best, seen, found, tried | remedies, never, lambda c: False)
     assert then is not None and then.config == proposal.config
+
+
+def test_on_a_cpu_low_mfu_tries_retained_host_memory_first_and_a_gpu_never_searches_it() -> None:
+    cpu = narrow(load_space("default"), fake_cpu(), 1, Config(), supports=DECLARED)
+    assert cpu.searched["malloc_retain"].values == (False, True)  # type: ignore[union-attr]
+    base = cpu.variant(Config(), micro_batch_size=16, amp="bf16")
+    low = [finding("low-mfu", mfu=0.14)]
+    first = diagnosis_next(cpu, base, low, set(), never)
+    assert first is not None and first.stage == "diagnosis: low MFU at 14% -> malloc_retain true"
+    assert first.config == cpu.variant(base, malloc_retain=True)
+    # One way only: once tried, the diagnosis goes on to the optimizer.
+    second = diagnosis_next(cpu, base, low, {first.config}, never)
+    assert second is not None and "optimizer_impl" in second.stage
+    assert "malloc_retain" in GPU_SPACE.fixed
+    assert "GPU" in GPU_SPACE.fixed["malloc_retain"][1]

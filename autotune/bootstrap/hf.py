@@ -207,7 +207,7 @@ def _prepare_model(model: Any, state: _State) -> None:
     from autotune.trial.apply import prepare_model, set_torch_flags
 
     config = state.config
-    if config.cpu_threads:
+    if config.cpu_threads or config.malloc_retain:
         set_torch_flags(config)
     if config.attention == "default":
         return
@@ -311,6 +311,7 @@ def _seen(trainer: Any, loader: Any, optimizer: Any) -> dict[str, KnobValue]:
     flags = torch_flags_in_force()
     seen["cpu_threads"] = flags["threads"]
     seen["matmul_precision"] = flags["matmul_precision"]
+    seen["malloc_retain"] = flags["malloc_retain"]
     return seen
 
 

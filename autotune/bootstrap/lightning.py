@@ -81,7 +81,8 @@ def _callbacks(package: str) -> list[Any]:
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             from autotune.trial.apply import set_torch_flags
 
-            if config.cpu_threads or config.matmul_precision != "highest":
+            if config.cpu_threads or config.matmul_precision != "highest" \
+                    or config.malloc_retain:
                 set_torch_flags(config)
             memory.cap_cuda_allocator(getattr(trainer.strategy, "root_device", None))
 
@@ -122,6 +123,7 @@ def _seen(trainer: Any) -> dict[str, KnobValue]:
                                   "grad_accum_steps": int(trainer.accumulate_grad_batches)}
     flags = torch_flags_in_force()
     seen["cpu_threads"], seen["matmul_precision"] = flags["threads"], flags["matmul_precision"]
+    seen["malloc_retain"] = flags["malloc_retain"]
     return seen
 
 

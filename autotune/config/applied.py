@@ -49,6 +49,7 @@ APPLIED_BY: dict[str, tuple[str, ...]] = {
     "attention": ("attn_implementation", "prepare_model"),
     "activation_checkpointing": ("prepare_model", "hf_training_args"),
     "cpu_threads": ("apply_torch_flags",),
+    "malloc_retain": ("apply_torch_flags",),
     "sharding": ("prepare_model",),
     "fsdp_reduce_dtype": ("prepare_model",),
     "cpu_offload": ("prepare_model",),

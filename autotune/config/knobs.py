@@ -83,6 +83,7 @@ class Config:
     sharding: str = "replicated"
     fsdp_reduce_dtype: str = "fp32"
     cpu_offload: bool = False
+    malloc_retain: bool = False  # glibc keeps freed host memory (no trim, no per-tensor mmap)
     world_size: int = 1
 
     @property
@@ -123,6 +124,8 @@ class Config:
             parts.append(f"attention {self.attention}")
         if self.activation_checkpointing:
             parts.append("checkpointing")
+        if self.malloc_retain:
+            parts.append("malloc retain")
         if self.sharded:
             parts.append(f"{self.world_size} ranks, {self.sharding}")
             if self.amp != "off" and self.fsdp_reduce_dtype != "fp32":
@@ -238,6 +241,9 @@ KNOBS: dict[str, Knob] = {
              when=(("sharding",), lambda sharding: sharding != "replicated", False)),
         Knob("cpu_threads", "intra-op CPU threads per rank (torch.set_num_threads); 0: torch's "
              "default", int_in(0, MAX_THREADS), value_ok=rules.threads_value),
+        Knob("malloc_retain", "glibc keeps freed host memory in the process (no trimming, no "
+             "mmap per large tensor) instead of faulting fresh pages in every step (CPU only)",
+             parse_bool, applies=rules.malloc_applies),
     )
 }
 

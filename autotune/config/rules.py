@@ -143,6 +143,13 @@ def sharding_value(value: object, nodes: int) -> str | None:
     return None
 
 
+def malloc_applies(hw: Machine, world_size: int) -> str | None:
+    """Retaining freed host memory matters where the model's tensors live in it: on a CPU."""
+    if hw.device != "cpu":
+        return "malloc_retain keeps freed host memory: the model's tensors live on the GPU"
+    return None
+
+
 def needs_gpu(hw: Machine, world_size: int) -> str | None:
     """pin_memory helps only host-to-GPU copies."""
     if hw.device != "cuda":

@@ -6,6 +6,7 @@ what was measured is what trains. torch is imported inside the functions that ne
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any, NotRequired, TypedDict
 
 from autotune.config.knobs import KNOBS, Config
@@ -35,11 +36,12 @@ class LoaderKwargs(TypedDict):
 
 
 class TorchFlags(TypedDict):
-    """The process-wide torch settings in force: intra-op threads and the fp32 matmul
-    precision, in the config's terms (``highest`` or ``high``)."""
+    """The process-wide settings in force: intra-op threads, the fp32 matmul precision in the
+    config's terms (``highest`` or ``high``), and whether glibc retains freed host memory."""
 
     threads: int
     matmul_precision: str
+    malloc_retain: bool
 
 
 class OptimizerKwargs(TypedDict, total=False):
@@ -100,12 +102,15 @@ def ddp_accepts(name: str) -> bool:
 
 
 def set_torch_flags(config: Config) -> TorchFlags:
-    """Process-wide settings: intra-op threads (when the config sets them) and the precision of
-    fp32 matmuls. Call once, before building the model. Returns what is in force afterwards."""
+    """Process-wide settings: intra-op threads (when the config sets them), the precision of
+    fp32 matmuls and glibc's retention of freed memory. Call once, before building the model.
+    Returns what is in force afterwards."""
     import torch
 
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
+    if config.malloc_retain:
+        retain_freed_memory()
     tf32 = config.matmul_precision == "high"
     matmul = getattr(getattr(torch.backends, "cuda", None), "matmul", None)
     if matmul is not None and hasattr(matmul, "fp32_precision"):
@@ -126,7 +131,38 @@ def torch_flags_in_force() -> TorchFlags:
     return {"threads": torch.get_num_threads(),
             "matmul_precision": "high" if precision == "tf32" or (
                 precision is None and torch.get_float32_matmul_precision() != "highest")
-            else "highest"}
+            else "highest",
+            "malloc_retain": _retaining}
+
+
+# glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD; INT_MAX for both.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _INT_MAX = -1, -3, 2**31 - 1
+_retaining = False  # whether this process called mallopt for it (glibc has no getter)
+
+
+def retain_freed_memory() -> bool:
+    """Keep freed host memory in the process: glibc stops returning the top of its heap to the
+    OS (trimming) and stops giving each large allocation its own mmap, both of which it does
+    by default and which make every training step fault its activations' pages in afresh
+    (BERT-base at micro-batch 16 on a 2-core VM: ~430,000 minor faults per step, 25-35% of the
+    step). Memory freed stays in the process's resident set for the next step to reuse: its
+    peak is unchanged, what it returns to the OS between steps is not. glibc only (Linux);
+    elsewhere nothing changes. Returns whether it is in force."""
+    global _retaining
+    if _retaining or not sys.platform.startswith("linux"):
+        return _retaining
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    trim = mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+    # glibc before 2.26 refuses a threshold above 32 MiB (its largest dynamic one).
+    mmap = mallopt(_M_MMAP_THRESHOLD, _INT_MAX) or mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+    _retaining = bool(trim and mmap)
+    return _retaining
 
 
 def attention_refused(attention: str, model: Any = None) -> str | None:

@@ -59,11 +59,13 @@ class Timings(TypedDict, total=False):
 
 class Applied(TypedDict, total=False):
     """What took effect in a trial, read back from torch, the model and the optimizer, not
-    taken from the config: threads and fp32 matmul precision, attention and checkpointing, how
-    the optimizer steps, and the compile mode with the graphs it compiled."""
+    taken from the config: threads, fp32 matmul precision, glibc's memory retention, attention
+    and checkpointing, how the optimizer steps, and the compile mode with the graphs it
+    compiled."""
 
     threads: int
     matmul_precision: str
+    malloc_retain: bool
     attention: str | None
     activation_checkpointing: bool
     optimizer: OptimizerInForce

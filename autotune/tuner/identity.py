@@ -102,6 +102,10 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
     facts = record.read_facts(study)
     if facts.made_by_run:
         _refuse_mismatch(facts, ident)
+        added = added_knobs(facts, ident)
+        if added and note is not None:
+            note(f"study {ident.name} was made before {', '.join(added)} could be searched: "
+                 "its earlier trials ran at the baseline's value, and the search adds it now")
         limit = _kept_limit(ident.name, facts.memory_limit_bytes, facts.memory_limit_spec, limit,
                             limit_spec)
         _complete_fingerprint(study, ident, note)  # once every check has passed
@@ -150,9 +154,21 @@ def _refuse_mismatch(facts: record.StudyFacts, ident: Identity) -> None:
             f"{ident.world} rank(s) and --global-batch {ident.global_batch or 'unset'}; pass "
             "the same flags to resume it, or another --study name")
     searched = stored_space.get("searched")
-    if searched != json.loads(json.dumps(ident.space.to_dict()["searched"])):
+    here = json.loads(json.dumps(ident.space.to_dict()["searched"]))
+    if searched != {k: v for k, v in here.items() if k not in added_knobs(facts, ident)}:
         raise UsageError(f"study {name} searched another space ({searched}); its trials would "
                          "not fit this one: pass another --study name")
+
+
+def added_knobs(facts: record.StudyFacts, ident: Identity) -> list[str]:
+    """Knobs this run searches that the study's space neither searched nor fixed nor removed
+    (a knob newer than the study: malloc_retain), where the baseline keeps the knob's default:
+    every trial the study holds ran at that default, so its trials fit this space too."""
+    stored = facts.space
+    known = {k for part in ("searched", "fixed", "removed") for k in stored.get(part, {})}
+    default = Config()
+    return sorted(k for k in ident.space.searched if k not in known
+                  and getattr(ident.baseline, k) == getattr(default, k))
 
 
 def _complete_fingerprint(study: optuna.Study, ident: Identity,

@@ -2,9 +2,8 @@
 the knobs that address the incumbent's diagnosis, one change at a time, before TPE takes over.
 
   input-bound          -> loader workers, prefetch, pinned memory, CPU threads
-  low MFU / compute    -> fused optimizer, TF32, the attention implementation, torch.compile
-  unexplained          -> both of the above, loader workers first (a script that reports no
-                          data wait: either may be the limit)
+  low MFU / compute    -> retained host memory, fused optimizer, TF32, attention, torch.compile
+  unexplained          -> both of the above, loader workers first (no data wait reported)
   memory-bound         -> activation checkpointing, then a larger micro-batch with it; with
                           several ranks, the next more sharded strategy, then a larger batch
   communication-bound  -> bucket size, gradient views, static graph, NCCL algorithm/protocol
@@ -29,16 +28,18 @@ from autotune.tuner.record import TrialRecord
 from autotune.tuner.search import Observation, Proposal, micro_values, noise_of, on_line
 from autotune.tuner.sharding import ORDER
 
-# What addresses each kind of finding, in the order it is tried. Compile last of the compute
-# knobs: its trials spend 45-70 s compiling (2-core VMs), the others nothing; on a short budget
-# its values took the time before eager attention ran, which beat three runs' picks by 8-14%.
+# What addresses each kind of finding, in the order it is tried. Retained host memory first
+# (CPU): one plain trial; glibc's default faulted ~430,000 pages in per BERT step on a Xeon VM
+# (25-35% of it). Compile last: its trials spend 45-70 s compiling (2-core VMs); on a short
+# budget its values took the time before eager attention ran (picks 8-14% behind).
 REMEDIES: dict[str, tuple[str, ...]] = {
     "input-bound": ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads"),
-    "low-mfu": ("optimizer_impl", "matmul_precision", "attention", "compile"),
-    "compute-bound": ("optimizer_impl", "matmul_precision", "attention", "compile"),
+    "low-mfu": ("malloc_retain", "optimizer_impl", "matmul_precision", "attention", "compile"),
+    "compute-bound": ("malloc_retain", "optimizer_impl", "matmul_precision", "attention",
+                      "compile"),
     # A script that does not report its data wait: either may be the limit.
-    "unexplained": ("num_workers", "optimizer_impl", "prefetch_factor", "matmul_precision",
-                    "attention", "compile", "pin_memory", "cpu_threads"),
+    "unexplained": ("num_workers", "malloc_retain", "optimizer_impl", "prefetch_factor",
+                    "matmul_precision", "attention", "compile", "pin_memory", "cpu_threads"),
     "memory-bound": ("activation_checkpointing",),
     "communication-bound": ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view",
                             "ddp_static_graph", "nccl_algo", "nccl_proto"),
@@ -51,6 +52,7 @@ PREFERRED: dict[str, tuple[Any, ...]] = {
     "attention": ("sdpa", "flash_attention_2", "eager"),
     "matmul_precision": ("high",),
     "pin_memory": (True,),
+    "malloc_retain": (True,),
     "prefetch_factor": (4,),
     "activation_checkpointing": (True,),
     "ddp_gradient_as_bucket_view": (True,),
@@ -83,7 +85,7 @@ PER_STEP = ("optimizer_impl",)
 
 # Knobs whose remedy is one direction only: turning checkpointing off does not address memory.
 ONE_WAY = ("pin_memory", "activation_checkpointing", "ddp_gradient_as_bucket_view",
-           "ddp_static_graph", "matmul_precision")
+           "ddp_static_graph", "matmul_precision", "malloc_retain")
 
 
 def _values(knob: str, domain: Choices, current: Any) -> list[Any]:
@@ -162,8 +164,7 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
 # How far apart two single readings of one config in two fresh processes fall by chance: twice
 # the noise of a difference of two readings at ``interval.PROCESS_CV`` each (11%). The in-trial
 # spread (``noise_of``, 2-6% on the 2-core VMs) misses what moves between processes: a run read
-# fused AdamW 7% behind foreach (2.53 vs 2.72 samples/s, one trial each) and went on with
-# foreach; with eager attention, fused read 14% ahead of foreach in both rounds of a re-check.
+# fused AdamW 7% behind foreach (one trial each), which a re-check read 14% ahead.
 ONE_READING = 2 * math.sqrt(2) * PROCESS_CV
 
 

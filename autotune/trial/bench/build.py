@@ -127,7 +127,8 @@ def build(spec: TrialSpec, device: Any, ranks: Ranks, result: TrialResultDoc,
     # What took effect, read back from torch, the model and the optimizer (not the config),
     # recorded as it is known: a build that fails later still tells what it had set.
     flags = set_torch_flags(spec.config)
-    applied: Applied = {"threads": flags["threads"], "matmul_precision": flags["matmul_precision"]}
+    applied: Applied = {"threads": flags["threads"], "matmul_precision": flags["matmul_precision"],
+                        "malloc_retain": flags["malloc_retain"]}
     result["applied"] = applied
     workload = resolve(spec.workload.spec, spec.workload.params)
     module = prepare_model(workload.build_model(), spec.config).to(device)
