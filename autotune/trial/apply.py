@@ -144,10 +144,11 @@ def retain_freed_memory() -> bool:
     """Keep freed host memory in the process: glibc stops returning the top of its heap to the
     OS (trimming) and stops giving each large allocation its own mmap, both of which it does
     by default and which make every training step fault its activations' pages in afresh
-    (BERT-base at micro-batch 16 on a 2-core VM: ~430,000 minor faults per step, 25-35% of the
-    step). Memory freed stays in the process's resident set for the next step to reuse: its
-    peak is unchanged, what it returns to the OS between steps is not. glibc only (Linux);
-    elsewhere nothing changes. Returns whether it is in force."""
+    (BERT-base at micro-batch 16 on a 2-core VM: ~430,000 minor faults per step, a quarter to a
+    third of the step: ``benchmarks/malloc_faults.py``). Memory freed stays in the process's
+    resident set for the next step to reuse: its peak is unchanged, what it returns to the OS
+    between steps is not. glibc only (Linux); elsewhere nothing changes. Returns whether it is
+    in force."""
     global _retaining
     if _retaining or not sys.platform.startswith("linux"):
         return _retaining

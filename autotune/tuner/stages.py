@@ -30,7 +30,7 @@ from autotune.tuner.sharding import ORDER
 
 # What addresses each kind of finding, in the order it is tried. Retained host memory first
 # (CPU): one plain trial; glibc's default faulted ~430,000 pages in per BERT step on a Xeon VM
-# (25-35% of it). Compile last: its trials spend 45-70 s compiling (2-core VMs); on a short
+# (a third of it). Compile last: its trials spend 45-70 s compiling (2-core VMs); on a short
 # budget its values took the time before eager attention ran (picks 8-14% behind).
 REMEDIES: dict[str, tuple[str, ...]] = {
     "input-bound": ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads"),
