@@ -200,9 +200,10 @@ class Profile:
 
     @_tracked
     def apply_torch_flags(self) -> TorchFlags:
-        """Set the process-wide torch settings the profile tuned: intra-op threads (when it
-        set them) and the fp32 matmul precision (TF32 or not). Call once at start, before
-        building the model. Returns what is in force afterwards."""
+        """Set the process-wide settings the profile tuned: intra-op threads (when it set
+        them), the fp32 matmul precision (TF32 or not) and glibc's retention of freed host
+        memory (``malloc_retain``). Call once at start, before building the model. Returns
+        what is in force afterwards."""
         return set_torch_flags(self.config)
 
     @property

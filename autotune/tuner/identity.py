@@ -101,8 +101,7 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
                            f"{redact(url)}: {exc}") from None
     facts = record.read_facts(study)
     if facts.made_by_run:
-        _refuse_mismatch(facts, ident)
-        added = added_knobs(facts, ident)
+        added = _refuse_mismatch(facts, ident)
         if added and note is not None:
             note(f"study {ident.name} was made before {', '.join(added)} could be searched: "
                  "its earlier trials ran at the baseline's value, and the search adds it now")
@@ -122,8 +121,9 @@ def open_study(storage: optuna.storages.BaseStorage, url: str, ident: Identity, 
     return study, limit
 
 
-def _refuse_mismatch(facts: record.StudyFacts, ident: Identity) -> None:
-    """A resumed study must measure what this run would: one line saying what differs."""
+def _refuse_mismatch(facts: record.StudyFacts, ident: Identity) -> list[str]:
+    """A resumed study must measure what this run would: one line saying what differs. Returns
+    the knobs this run adds to the study's space (``added_knobs``)."""
     name = ident.name
     match = compare_fingerprints(dict(facts.fingerprint), ident.hw.fingerprint())
     if match.differs and match.unverified:
@@ -155,9 +155,11 @@ def _refuse_mismatch(facts: record.StudyFacts, ident: Identity) -> None:
             "the same flags to resume it, or another --study name")
     searched = stored_space.get("searched")
     here = json.loads(json.dumps(ident.space.to_dict()["searched"]))
-    if searched != {k: v for k, v in here.items() if k not in added_knobs(facts, ident)}:
+    added = added_knobs(facts, ident)
+    if searched != {k: v for k, v in here.items() if k not in added}:
         raise UsageError(f"study {name} searched another space ({searched}); its trials would "
                          "not fit this one: pass another --study name")
+    return added
 
 
 def added_knobs(facts: record.StudyFacts, ident: Identity) -> list[str]:
