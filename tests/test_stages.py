@@ -590,3 +590,36 @@ def test_on_a_cpu_low_mfu_tries_retained_host_memory_first_and_a_gpu_never_searc
     assert second is not None and "optimizer_impl" in second.stage
     assert "malloc_retain" in GPU_SPACE.fixed
     assert "GPU" in GPU_SPACE.fixed["malloc_retain"][1]
+
+
+def test_on_a_cpu_the_lines_carry_retained_host_memory_unless_it_read_slower() -> None:
+    """The staged start measures the baseline with glibc's freed memory retained first; the
+    batch lines then run with it (a tie goes to it), or without it where it read slower by
+    more than the noise; a GPU's lines never ask."""
+    cpu = narrow(load_space("default"), fake_cpu(bf16=True), 1, Config(), supports=DECLARED)
+    base = Config()
+    kept = cpu.variant(base, malloc_retain=True)
+    model = MemoryModel([], "cpu", 100 * 2**30)
+
+    def obs(config: Config, rate: float, number: int) -> Observation:
+        return Observation(config, Status.OK, rate, 2**30, spread_cv=0.02, number=number)
+
+    first = staged_next(cpu, base, [obs(base, 4.0, 0)], model)
+    assert first is not None and first.config == kept
+    assert first.stage.startswith("staged: glibc keeps freed host memory (malloc_retain true)")
+    # Not when its trial cannot run (no time left for it): the lines start from the baseline.
+    plain = staged_next(cpu, base, [obs(base, 4.0, 0)], model, too_slow=lambda c: c == kept)
+    assert plain is not None and not plain.config.malloc_retain
+    # Faster, or within the noise (4%): the first line doubles with it.
+    for rate in (6.0, 3.9):
+        p = staged_next(cpu, base, [obs(base, 4.0, 0), obs(kept, rate, 1)], model)
+        assert p is not None and p.config == cpu.variant(kept, micro_batch_size=
+                                                         2 * base.micro_batch_size)
+    # Slower by more than the noise, or it failed: the lines go on without it.
+    for seen in (obs(kept, 3.0, 1), Observation(kept, Status.ERROR, number=1)):
+        p = staged_next(cpu, base, [obs(base, 4.0, 0), seen], model)
+        assert p is not None and p.config == cpu.variant(base, micro_batch_size=
+                                                         2 * base.micro_batch_size)
+    gpu = GPU_SPACE.variant(Config(world_size=2))
+    p = staged_next(GPU_SPACE, gpu, [obs(gpu, 4.0, 0)], MemoryModel([], "cuda", 80 * 2**30))
+    assert p is not None and p.config.micro_batch_size == 2 * gpu.micro_batch_size

@@ -7,14 +7,15 @@ Pure functions over what the study has observed (``Observation``); ``runner.py``
   loader knobs). Fitted per combination from the trials that ran; a config predicted above the
   limit minus the headroom is not run. After an OOM, no larger micro-batch with the same
   memory-relevant knobs is tried.
-- **Staged start.** After the baseline, for each precision (the one with the most measured
-  headroom first): the largest micro-batch that fits, by doubling from the baseline's, then
-  bisection between the largest that fit and the smallest that did not (configs the memory model
-  rules out count as not fitting, at no cost). A line stops doubling once two doublings did not
-  beat its best before them by more than the noise, one lost more than twice the noise, its MFU is
-  near its precision's measured peak, or the step-time model (fitted on three or more of its
-  batches) says the next doubling cannot gain more than the noise even at its fast end; a
-  precision whose measured peak is below what the best config already achieves is not searched.
+- **Staged start.** After the baseline (and, on a CPU, the baseline with glibc's freed memory
+  retained, which the lines then carry unless it read slower), for each precision (the one with the
+  most measured headroom first): the largest micro-batch that fits, by doubling from the
+  baseline's, then bisection between the largest that fit and the smallest that did not (configs
+  the memory model rules out count as not fitting, at no cost). A line stops doubling once two
+  doublings did not beat its best before them by more than the noise, one lost more than twice the
+  noise, its MFU is near its precision's measured peak, or the step-time model (fitted on three or
+  more of its batches) says the next doubling cannot gain more than the noise even at its fast end;
+  a precision whose measured peak is below what the best config already achieves is not searched.
 - **Pruning.** A trial whose first windows are all clearly below the best is stopped
   (``tuner.pruning``).
 - **Early stop.** When nothing beat the best by more than the noise for ``patience`` trials.
@@ -261,7 +262,8 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     at the baseline's batch; later ones at the largest batch an earlier line fit, which saves
     the doublings up to it; a line whose fastest batch is its smallest then steps down until a
     smaller batch is slower. A precision whose line cannot reach what a measured config already
-    achieves (``_beyond_reach``) is skipped: it cannot win.
+    achieves (``_beyond_reach``) is skipped: it cannot win. On a CPU the lines first get
+    glibc's freed memory retained (``host_memory``).
     """
     values = micro_values(space, baseline)
     if len(values) < 2:
@@ -269,8 +271,12 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     start = _nearest(values, baseline.micro_batch_size)
     noise = noise_of(observations)
     peaks = peaks or {}
+    host = host_memory(space, baseline, observations, noise, lambda c: bool(
+        model.verdict(c) or (too_slow is not None and too_slow(c))))
+    if isinstance(host, Proposal):
+        return host
     for amp in precisions(space, baseline, headroom_of(observations, baseline, peaks)):
-        line = space.variant(baseline, amp=amp)
+        line = space.variant(host, amp=amp)
         with_amp = f" with amp {amp}" if amp != "off" else ""
         if _beyond_reach(amp, observations, peaks) is not None:
             continue  # a config measured already achieves more than this precision's peak
@@ -306,6 +312,33 @@ def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[O
                                         f"micro-batch {below}{with_amp}")
         start = max((m for m, fits in seen.items() if fits), default=start)
     return None
+
+
+def host_memory(space: NarrowedSpace, baseline: Config, observations: Sequence[Observation],
+                noise: float, ruled_out: Callable[[Config], bool]) -> Config | Proposal:
+    """What the lines start from: the baseline, or the baseline with glibc's freed memory
+    retained (``malloc_retain``) where the space searches it (a CPU): that first, one trial
+    (unless ``ruled_out``), then the lines carry it unless it read slower than the baseline by
+    more than ``noise``.
+    Under glibc's default, one config read 3.33 to 5.49 samples/s in different processes
+    (BERT on a 2-core Xeon VM: ~430,000 page faults per step, or none, by the process's
+    allocation history); a line read 16x1 bf16 below 8x1 on such readings and never measured
+    the winner's knobs at 16, 17% faster once retained. A tie goes to the knob: its readings
+    are the steady ones."""
+    domain = space.searched.get("malloc_retain")
+    if baseline.malloc_retain or not isinstance(domain, Choices) or True not in domain.values:
+        return baseline
+    kept = space.variant(baseline, malloc_retain=True)
+    ran = [o for o in observations if o.config == kept]
+    if not ran:
+        if ruled_out(kept):
+            return baseline
+        return Proposal(kept, "staged: glibc keeps freed host memory (malloc_retain true) "
+                              "for steady readings on the lines")
+    rate = max((o.samples_per_sec or 0.0 for o in ran if o.status == Status.OK), default=0.0)
+    base = max((o.samples_per_sec or 0.0 for o in observations
+                if o.config == baseline and o.status == Status.OK), default=0.0)
+    return kept if rate and rate * (1.0 + noise) >= base else baseline
 
 
 def _nearest(values: list[int], target: int) -> int:
