@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -250,9 +251,11 @@ FLOPS = 1e9
 
 
 def _trial(config: Config, rate: float, *, baseline: bool = False,
-           spread: float | None = 0.02, stage: str | None = None) -> optuna.trial.FrozenTrial:
+           spread: float | None = 0.02, stage: str | None = None,
+           applied: dict[str, Any] | None = None) -> optuna.trial.FrozenTrial:
     """An ok trial as `autotune run` records it, with its MFU at its own rate."""
     measurement = {"status": "ok", "samples_per_sec": rate, "spread_cv": spread,
+                   **({"applied": applied} if applied else {}),
                    "peak_memory_bytes": GIB, "wall_s": 10.0,
                    "windows": [{"samples": 64, "seconds": 64 / rate}] * 3,
                    "flops_per_sample": FLOPS, "flops_source": "counted",
@@ -467,3 +470,21 @@ def test_an_effect_within_the_noise_never_heads_the_panel() -> None:
     effects = gather(_study(trials)).effects
     assert [(e.knob, e.beyond_noise) for e in effects] == [("amp", True),
                                                           ("micro_batch_size", False)]
+
+
+def test_a_change_to_what_the_parent_already_ran_as_is_no_effect() -> None:
+    """A run's panel read "attention default -> sdpa: 0.90x, beyond the noise": BERT's default
+    attention is sdpa (read back in the trial), so the two trials ran the same code."""
+    base = Config(micro_batch_size=8, amp="bf16")
+    trials = [_trial(base, 3.37, baseline=True, applied={"attention": "sdpa"}),
+              _trial(replace(base, attention="eager"), 3.46, stage="diagnosis",
+                     applied={"attention": "eager"}),
+              _trial(replace(base, attention="sdpa"), 3.01, stage="diagnosis",
+                     applied={"attention": "sdpa"})]
+    effects = gather(_study(trials)).effects
+    assert [(e.knob, e.before, e.after) for e in effects] == [("attention", "default", "eager")]
+    # Without the read-back (an older study), the pair counts as before.
+    plain = [_trial(base, 3.37, baseline=True), trials[1],
+             _trial(replace(base, attention="sdpa"), 3.01, stage="diagnosis")]
+    found = gather(_study(plain)).effects
+    assert ("attention", "default", "sdpa") in [(e.knob, e.before, e.after) for e in found]

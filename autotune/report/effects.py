@@ -9,7 +9,8 @@ Each knob's effect is its largest measured one: the child's rate over its parent
 their spreads allow (``tuner.confirmation.margin_of``, the confirmation's rule), and whether both
 configs ran side by side in at least two rounds of the confirmation (then the ratio is of their
 medians over the rounds both ran in; a config screened out after one round read once there, no
-better than its search trial). The effects beyond the noise come first, the largest first.
+better than its search trial). The effects beyond the noise come first, the largest first. A
+change to what the parent already ran as (``tuner.stages.running_as``) is no effect: skipped.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from autotune.tuner.confirmation import Confirmation, margin_of
 from autotune.tuner.record import TrialRecord
-from autotune.tuner.stages import differs, parent_of
+from autotune.tuner.stages import differs, parent_of, running_as
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ def measured_effects(records: Sequence[TrialRecord],
             continue
         (knob,) = differs(parent.config, o.config)
         child_r, parent_r = by_number[o.number], by_number[parent.number]
+        if _runs_as(knob, parent_r) == _runs_as(knob, child_r):
+            continue  # the same code twice: its ratio is the noise, not the knob's effect
         effect = _effect(knob, parent_r, child_r, confirmation)
         held = best.get(knob)
         if held is None or abs(math.log(effect.ratio)) > abs(math.log(held.ratio)):
@@ -88,6 +91,14 @@ def _effect(knob: str, parent: TrialRecord, child: TrialRecord,
                 rates, cvs, confirmed = paired, (a.spread_cv, b.spread_cv), True
     return Effect(knob, getattr(parent.config, knob), getattr(child.config, knob),
                   parent.number, child.number, rates[1] / rates[0], margin_of(*cvs), confirmed)
+
+
+def _runs_as(knob: str, record: TrialRecord) -> Any:
+    """What the knob ran as in the trial: a ``default`` read back as what the model chose (BERT
+    picks sdpa attention by itself; a run's panel read "attention default -> sdpa: 0.90x,
+    beyond the noise", one reading each of the same code)."""
+    found = running_as(record.config, record.measurement.applied)
+    return found.get(knob, getattr(record.config, knob))
 
 
 def sampled(records: Sequence[TrialRecord]) -> list[TrialRecord]:
