@@ -319,12 +319,11 @@ def host_memory(space: NarrowedSpace, baseline: Config, observations: Sequence[O
     """What the lines start from: the baseline, or the baseline with glibc's freed memory
     retained (``malloc_retain``) where the space searches it (a CPU): that first, one trial
     (unless ``ruled_out``), then the lines carry it unless it read slower than the baseline by
-    more than ``noise``.
-    Under glibc's default, one config read 3.33 to 5.49 samples/s in different processes
-    (BERT on a 2-core Xeon VM: ~430,000 page faults per step, or none, by the process's
-    allocation history); a line read 16x1 bf16 below 8x1 on such readings and never measured
-    the winner's knobs at 16, 17% faster once retained. A tie goes to the knob: its readings
-    are the steady ones."""
+    more than ``noise``. Under glibc's default, one config read 3.33 to 5.49 samples/s in
+    different processes (BERT on a 2-core Xeon VM: ~430,000 page faults per step, or none, by
+    the process's allocation history); a line read 16x1 bf16 below 8x1 on such readings and
+    never measured the winner's knobs at 16, 17% faster once retained. A tie goes to the knob:
+    its readings are the steady ones."""
     domain = space.searched.get("malloc_retain")
     if baseline.malloc_retain or not isinstance(domain, Choices) or True not in domain.values:
         return baseline
