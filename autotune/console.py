@@ -338,6 +338,8 @@ def _confirmation_lines(summary: RunSummary) -> list[str]:
         lines.append(f"  #{c.trial:<3} median {c.median or 0:,.2f} samples/s from "
                      f"[{rates}], spread {100 * c.spread_cv:.1f}%, peak "
                      f"{format_bytes(c.peak_memory_bytes)}{note}")
+    if conf.left_out:
+        lines.append(f"  {conf.left_out}")
     if conf.machine_changed:
         added = " (a round was added)" if conf.raw.get("round_added") else ""
         lines.append(f"  the machine changed during the confirmation{added}, as the sentinel "

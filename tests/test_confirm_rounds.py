@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from autotune.config.knobs import Config
+from autotune.console import _confirmation_lines
 from autotune.profile.load import load_profile
 from autotune.testing.replay import Asked, ReplayMeasurer
 from autotune.trial.measurement import Measurement, Status
 from autotune.tuner.confirm_rounds import another_round, candidates, confirm, costs
-from autotune.tuner.confirmation import confirmation_seconds
+from autotune.tuner.confirmation import Confirmation, confirmation_seconds
 from autotune.tuner.export import write_profile as export
+from autotune.tuner.reporting import RunSummary
 from autotune.tuner.snapshot import read
 from tests.test_budget import GIB, SETTINGS, _ok_trial, _study
 
@@ -148,6 +151,21 @@ def test_a_screen_the_time_left_cannot_hold_is_left_out(tmp_path: Path) -> None:
     why, conf, calls, _ = _tie(tmp_path, rates, left)
     assert why is None and calls == [16, 32, 64, 8] * 2
     assert not any("screened_out" in c for c in conf["candidates"])
+    # The run says which it left out and why (a run's 5th-ranked config never ran, unsaid).
+    said = conf["left_out"]
+    assert said.startswith("not confirmed for the time left (") and "): #4, #5, within the " \
+        "margin of the best by their search trials but ranked lowest; the plan held 4 configs " \
+        "(with the baseline) for 2 round(s)" in said
+    parsed = Confirmation.from_dict(conf)
+    assert parsed.left_out == said
+    summary = cast(RunSummary, SimpleNamespace(confirmation=parsed, confirm_skipped=None))
+    assert f"  {said}" in _confirmation_lines(summary)
+    # From a shared study, only a string, cut to a line's length, reaches the console.
+    assert Confirmation.from_dict({**conf, "left_out": ["#1"]}).left_out is None
+    assert len(Confirmation.from_dict({**conf, "left_out": "x" * 10_000}).left_out or "") == 400
+    # Nothing left out: nothing said.
+    _, roomy, _, _ = _tie(tmp_path / "roomy", rates | {128: [1.0], 4: [1.0]}, None)
+    assert "left_out" not in roomy and Confirmation.from_dict(roomy).left_out is None
 
 
 def test_the_rounds_that_fit_count_the_wider_first_round_once() -> None:

@@ -133,6 +133,7 @@ class ConfirmationDoc(TypedDict, total=False):
     stopped_early: str | None
     machine_changed: list[str]  # the sentinel's rates that moved under it, a line each
     round_added: bool  # a round ran beyond the plan because the machine moved
+    left_out: str  # configs within the margin the time left held no round of (a line)
     measure: dict[str, MeasureValue]
     candidates: list[CandidateDoc]
     decision: DecisionDoc

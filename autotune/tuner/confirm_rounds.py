@@ -33,6 +33,7 @@ from pathlib import Path
 import optuna
 
 from autotune.config.knobs import Config
+from autotune.profile.documents import ConfirmationDoc
 from autotune.trial.measurement import INTERRUPTED, TRIAL_TIMEOUT, Measurement
 from autotune.trial.spec import MeasureSettings
 from autotune.tuner import record, snapshot
@@ -157,13 +158,14 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     snap = snapshot.read(study, limit)
     if top <= 0 or snap.confirmation is not None:
         return None
-    cands = candidates(snap, top, CONFIRM_SCREEN)
-    plan = plan_confirmation(cands, costs(snap, cands, settings), rounds,
-                             None if deadline is None else deadline - time.monotonic(),
+    ranked = candidates(snap, top, CONFIRM_SCREEN)
+    left = None if deadline is None else deadline - time.monotonic()
+    plan = plan_confirmation(ranked, costs(snap, ranked, settings), rounds, left,
                              pair_rounds(snap), keep=top)
     if isinstance(plan, str):
         return plan
     cands, planned = plan
+    left_out = _left_out(ranked, cands, planned, left)
     longer = settings.with_longer_windows()
     each = {c.number: round_settings(snap, c, settings) for c in cands}
     for c in cands:
@@ -200,13 +202,30 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         return (f"the --timeout ended the confirmation after {done} complete round(s){took}; "
                 "two are needed for a spread")
     decision = decide(cands, limit, headroom)
-    record.write_confirmation(study, {
+    doc: ConfirmationDoc = {
         "measured_trials": len(snap.measured), "rounds": done, "planned_rounds": planned,
         "stopped_early": stopped, "machine_changed": drift.moved, "round_added": drift.added,
         "measure": {k: v for k, v in sorted(longer.to_dict().items())},
         "candidates": [c.to_dict() for c in cands], "decision": decision.to_dict(),
-        "created": datetime.now(UTC).isoformat(timespec="seconds")})
+        "created": datetime.now(UTC).isoformat(timespec="seconds")}
+    if left_out:
+        doc["left_out"] = left_out
+    record.write_confirmation(study, doc)
     return None
+
+
+def _left_out(ranked: list[Candidate], kept: list[Candidate], planned: int,
+              left: float | None) -> str | None:
+    """Which configs within the margin the time ``left`` held no round of (the plan keeps the
+    best ranked), in a line; None when none was left out. A run's config ranked 5th by its
+    search trial never ran in the confirmation, and nothing said why."""
+    dropped = [f"#{c.number}" for c in ranked if c not in kept]
+    if not dropped:
+        return None
+    return (f"not confirmed for the time left ({format_duration(left or 0.0)}): "
+            f"{', '.join(dropped)}, within the margin of the best by their search trials but "
+            f"ranked lowest; the plan held {len(kept)} configs (with the baseline) for {planned} "
+            "round(s)")
 
 
 @dataclass

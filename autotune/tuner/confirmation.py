@@ -358,6 +358,7 @@ class Confirmation:
     # The sentinel's rates that moved under it (``tuner.drift``), a line each: its speedup
     # ran on a machine that changed.
     machine_changed: tuple[str, ...] = ()
+    left_out: str | None = None  # tied configs the time left held no round of, and why
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Confirmation:
@@ -367,6 +368,7 @@ class Confirmation:
                    stopped_early=d.get("stopped_early"),
                    machine_changed=tuple(str(x) for x in d.get("machine_changed") or ()
                                          if isinstance(x, str)),
+                   left_out=d["left_out"][:400] if isinstance(d.get("left_out"), str) else None,
                    candidates=tuple(Confirmed.from_dict(c) for c in d.get("candidates") or ()),
                    decision=StoredDecision.from_dict(d.get("decision") or {}),
                    measure=dict(d.get("measure") or {}), raw=dict(d))
