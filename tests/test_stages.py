@@ -161,7 +161,7 @@ def test_memory_binds_with_ranks_and_sharding_makes_room_for_a_larger_batch() ->
                           lambda c: c.activation_checkpointing) is None  # one rank: no sharding
 
 
-def test_the_optimizer_is_tried_at_the_smallest_batch_that_measured_as_fast_as_the_incumbent(
+def test_the_optimizer_and_attention_are_tried_at_the_smallest_batch_as_fast_as_the_best(
 ) -> None:
     # The bf16 line of a default run: 8x1 2.41, 16x1 2.50, 32x1 2.56 samples/s, noise 9%; a
     # fused optimizer saves a fixed time per step, which weighs most at 8x1.
@@ -182,11 +182,15 @@ def test_the_optimizer_is_tried_at_the_smallest_batch_that_measured_as_fast_as_t
     p = diagnosis_next(cpu, incumbent, low, retained, never, per_step_at=at)
     assert p is not None and p.config == cpu.variant(at, optimizer_impl="fused")
     assert p.stage == "diagnosis: compute-bound at MFU 53% -> optimizer_impl fused at micro-batch 8"
-    # The other knobs change the incumbent itself; with the optimizer's values tried, the
-    # attention comes next at 32x1 (compiling last).
+    # With the optimizer's values tried, the attention comes next, at 8x1 too (eager
+    # attention's cost grows faster than the batch); compiling, last, changes the incumbent.
     tried = retained | {cpu.variant(at, optimizer_impl=v) for v in ("fused", "foreach")}
     p = diagnosis_next(cpu, incumbent, low, tried, never, per_step_at=at)
-    assert p is not None and p.config == cpu.variant(incumbent, attention="sdpa")
+    assert p is not None and p.config == cpu.variant(at, attention="sdpa")
+    assert p.stage.endswith("-> attention sdpa at micro-batch 8")
+    tried |= {cpu.variant(at, attention=v) for v in ("sdpa", "eager")}
+    p = diagnosis_next(cpu, incumbent, low, tried, never, per_step_at=at)
+    assert p is not None and p.config == cpu.variant(incumbent, compile="default")
     # Where the smaller batches read slower by more than the noise, the incumbent is the place.
     assert smallest_as_fast(incumbent, 2.56, obs, noise=0.02) == incumbent
     assert smallest_as_fast(incumbent, 2.56, obs, noise=0.03) == obs[1].config

@@ -77,11 +77,11 @@ def headline(kind: str, evidence: Mapping[str, Any]) -> str:
     }.get(kind, kind)
 
 
-# Knobs whose saving is a fixed time per optimizer step: it weighs most where a step is shortest,
-# so they are tried at the smallest batch of the incumbent's line that measured as fast as it
-# (``smallest_as_fast``). A run tried fused AdamW at 32x1 bf16 (no gain) where the same optimizer
-# at 8x1, which its line had read within the noise of 32x1, was 6% faster than the winner.
-PER_STEP = ("optimizer_impl",)
+# Knobs whose gain is largest at a small batch, tried at the smallest batch of the incumbent's
+# line that measured as fast as it (``smallest_as_fast``): a run tried fused AdamW at 32x1 bf16
+# (no gain) where at 8x1, within the noise of 32x1 on its line, it was 6% faster than the winner;
+# a Xeon run tried eager attention at 64x1 (26% slower side by side; 7% faster at 16x1).
+AT_SMALLEST = ("optimizer_impl", "attention")
 
 # Knobs whose remedy is one direction only: turning checkpointing off does not address memory.
 ONE_WAY = ("pin_memory", "activation_checkpointing", "ddp_gradient_as_bucket_view",
@@ -126,8 +126,8 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
     """The next one-knob change of ``incumbent`` that addresses its findings (in the
     diagnosis's order) and has not been measured (``tried``: every config the study ran or
     queued) nor is ``ruled_out`` (predicted OOM or too slow) nor what the incumbent already
-    runs as (``same``: ``running_as``). A ``PER_STEP`` knob changes ``per_step_at`` instead
-    (``smallest_as_fast``). None when every remedy the space allows was tried: the stage is
+    runs as (``same``: ``running_as``). An ``AT_SMALLEST`` knob changes ``per_step_at``
+    instead (``smallest_as_fast``). None when every remedy the space allows was tried: the stage is
     over."""
     same = same or {}
     for finding in findings:
@@ -137,7 +137,7 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
             domain = space.searched.get(knob)
             if not isinstance(domain, Choices):
                 continue
-            base = per_step_at if knob in PER_STEP and per_step_at is not None else incumbent
+            base = per_step_at if knob in AT_SMALLEST and per_step_at is not None else incumbent
             at = f" at micro-batch {base.micro_batch_size}" if base != incumbent else ""
             for value in _values(knob, domain, getattr(base, knob)):
                 config = space.variant(base, **{knob: value})
