@@ -5,6 +5,8 @@ run, what it took decides whether another fits the time left."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -16,8 +18,14 @@ from autotune.console import _confirmation_lines
 from autotune.profile.load import load_profile
 from autotune.testing.replay import Asked, ReplayMeasurer
 from autotune.trial.measurement import Measurement, Status
-from autotune.tuner.confirm_rounds import another_round, candidates, confirm, costs
-from autotune.tuner.confirmation import Confirmation, confirmation_seconds
+from autotune.tuner.confirm_rounds import (
+    another_round,
+    candidates,
+    confirm,
+    costs,
+    first_screen,
+)
+from autotune.tuner.confirmation import Confirmation, confirmation_seconds, screen
 from autotune.tuner.export import write_profile as export
 from autotune.tuner.reporting import RunSummary
 from autotune.tuner.snapshot import read
@@ -31,14 +39,19 @@ def test_another_round_runs_while_the_time_left_holds_one_at_its_measured_cost()
     assert another_round(1, 2, 3, 100.0, None) and not another_round(2, 2, 3, 100.0, None)
 
 
-def _rounds(rates: dict[int, list[float]], wall_s: float) -> ReplayMeasurer:
+def _rounds(rates: dict[int, list[float]], wall_s: float,
+            copy_gbs: Callable[[int], float] | None = None) -> ReplayMeasurer:
     """A measurer that answers each config's next rate of ``rates`` (by micro-batch), each run
-    reporting ``wall_s`` of wall time."""
+    reporting ``wall_s`` of wall time (and with ``copy_gbs``, the sentinel's memory copy its
+    nth call reads)."""
     def answer(asked: Asked) -> Measurement:
+        sentinel = None if copy_gbs is None else {
+            "copy_gbs": copy_gbs(len(measure.configs) + 1), "seconds": 1.0, "threads": 2}
         return Measurement(Status.OK, samples_per_sec=rates[asked.config.micro_batch_size][
-            asked.nth], spread_cv=0.02, peak_memory_bytes=GIB, wall_s=wall_s)
+            asked.nth], spread_cv=0.02, peak_memory_bytes=GIB, wall_s=wall_s, sentinel=sentinel)
 
-    return ReplayMeasurer(answer)
+    measure = ReplayMeasurer(answer)
+    return measure
 
 
 def _calls(measure: ReplayMeasurer) -> list[int]:
@@ -99,14 +112,13 @@ def test_a_decisive_round_ends_the_confirmation_whatever_the_time_left(tmp_path:
     assert conf["stopped_early"].startswith("one round")
 
 
-def _tie(tmp_path: Path, rates: dict[int, list[float]], left: float | None
+def _tie(tmp_path: Path, rates: dict[int, list[float]], left: float | None,
+         copy_gbs: Callable[[int], float] | None = None
          ) -> tuple[str | None, Any, list[int], Any]:
     # Five configs within the margin of the best by their search trials (the noise floor: 4%),
     # --confirm-top 3: the best three by the search, two more for the first round only.
-    study = _study([_ok_trial(0, 8, 0.5, 60.0, baseline=True), _ok_trial(1, 16, 1.20, 60.0),
-                    _ok_trial(2, 32, 1.19, 60.0), _ok_trial(3, 64, 1.18, 60.0),
-                    _ok_trial(4, 128, 1.17, 60.0), _ok_trial(5, 4, 1.16, 60.0)], None)
-    measure = _rounds(rates, 10.0)
+    study = study_of_tie()
+    measure = _rounds(rates, 10.0, copy_gbs)
     deadline = None if left is None else time.monotonic() + left
     why = confirm(study, measure, SETTINGS, limit=18 * GIB, top=3, rounds=2, headroom=0.1,
                   trial_timeout_s=600.0, deadline=deadline, out_dir=tmp_path,
@@ -140,6 +152,37 @@ def test_the_first_round_screens_a_tie_wider_than_the_top(tmp_path: Path) -> Non
     loaded = load_profile(tmp_path / "p.yaml", check_fingerprint=False)
     assert loaded.config.micro_batch_size == 128 and loaded.confirmation is not None
     assert loaded.confirmation["candidates"][0]["screened_out"].startswith("screened out")
+
+
+def test_a_first_round_the_machine_changed_within_screens_nothing(tmp_path: Path) -> None:
+    # The tie above, but the sentinel's memory copy reads 40 GB/s for the round's first three
+    # runs and 20 for the next three: the round's readings were not taken on one machine, so
+    # every config goes on (a round is added for the change too, and the rounds stop at two).
+    rates = {16: [1.0, 1.0], 32: [1.05, 1.05], 64: [1.02, 0.9], 128: [1.3, 1.31],
+             4: [1.1, 1.1], 8: [0.5, 0.5]}
+    why, conf, calls, _ = _tie(tmp_path, rates, None, lambda n: 20.0 if 3 < n <= 6 else 40.0)
+    assert why is None and calls == [16, 32, 64, 128, 4, 8] * 2
+    assert not any("screened_out" in c for c in conf["candidates"])
+    assert conf["round_added"] and conf["machine_changed"][0].startswith("memory copy 40.0 -> ")
+    assert conf["decision"]["winner_trial"] == 4
+    # Where the time left does not hold a round of all of them, the screen stands.
+    cands = candidates(read(study_of_tie(), 18 * GIB), 3, 2)
+    results = [(c, Measurement(Status.OK, samples_per_sec=r, wall_s=10.0, sentinel={
+        "copy_gbs": g, "seconds": 1.0, "threads": 2})) for c, r, g in zip(
+        cands, [1.0, 1.05, 1.02, 1.3, 1.1, 0.5], [40.0] * 3 + [20.0] * 3, strict=True)]
+    for c, m in results:
+        c.rates.append(m.samples_per_sec or 0.0)
+    assert first_screen(cands, 3, [], results, 60.0, None) == cands
+    assert first_screen(cands, 3, [], results, 60.0, 71.0) == screen(cands, 3) != cands
+    steady = [(c, replace(m, sentinel={"copy_gbs": 40.0, "seconds": 1.0, "threads": 2}))
+              for c, m in results]
+    assert first_screen(cands, 3, [], steady, 60.0, None) == screen(cands, 3)
+
+
+def study_of_tie() -> Any:
+    return _study([_ok_trial(0, 8, 0.5, 60.0, baseline=True), _ok_trial(1, 16, 1.20, 60.0),
+                   _ok_trial(2, 32, 1.19, 60.0), _ok_trial(3, 64, 1.18, 60.0),
+                   _ok_trial(4, 128, 1.17, 60.0), _ok_trial(5, 4, 1.16, 60.0)], None)
 
 
 def test_a_screen_the_time_left_cannot_hold_is_left_out(tmp_path: Path) -> None:

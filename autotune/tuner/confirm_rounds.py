@@ -49,7 +49,7 @@ from autotune.tuner.confirmation import (
     screen,
     settled,
 )
-from autotune.tuner.drift import changes, reading_of, slowdowns
+from autotune.tuner.drift import changes, reading_of, slowdowns, within_round
 from autotune.tuner.options import CONFIRM_MAX_SHARE, CONFIRM_SCREEN, CONFIRM_SHARE
 from autotune.tuner.search import noise_of
 from autotune.tuner.snapshot import StudySnapshot
@@ -159,7 +159,7 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
     if top <= 0 or snap.confirmation is not None:
         return None
     ranked = candidates(snap, top, CONFIRM_SCREEN)
-    left = None if deadline is None else deadline - time.monotonic()
+    left = _left(deadline)
     plan = plan_confirmation(ranked, costs(snap, ranked, settings), rounds, left,
                              pair_rounds(snap), keep=top)
     if isinstance(plan, str):
@@ -183,10 +183,10 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
             break
         _record(done, results)
         done += 1
+        elapsed, left = time.monotonic() - started, _left(deadline)
         if done == 1:
-            active = screen(cands, top)
-        round_s = next_round_s(results, active, time.monotonic() - started)
-        left = None if deadline is None else deadline - time.monotonic()
+            active = first_screen(cands, top, drift.search, results, elapsed, left)
+        round_s = next_round_s(results, active, elapsed)
         more = another_round(done, planned, rounds, round_s, left)
         one = decided_in_one_round(cands, limit, headroom) if done == 1 else None
         stopped = one or (settled(cands, limit, headroom) if more else None)
@@ -212,6 +212,24 @@ def confirm(study: optuna.Study, measure: MeasureOne, settings: MeasureSettings,
         doc["left_out"] = left_out
     record.write_confirmation(study, doc)
     return None
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def first_screen(cands: list[Candidate], top: int, search: list[dict[str, float]],
+                 results: list[tuple[Candidate, Measurement]], elapsed: float,
+                 left: float | None) -> list[Candidate]:
+    """The configs that go on after round 1 (``confirmation.screen``): all of them where the
+    sentinel saw the machine change within the round (``drift.within_round``) and the time
+    ``left`` holds a round of all at what this one took (``elapsed``): its readings were not
+    taken on one machine. A run screened out the config its search ranked second on one window
+    read while the memory copy moved by 82% within the round; the re-check put it ahead."""
+    moved = within_round(search, [reading_of(m) for _, m in results])
+    if moved and (left is None or left >= next_round_s(results, cands, elapsed)):
+        return cands
+    return screen(cands, top)
 
 
 def _left_out(ranked: list[Candidate], kept: list[Candidate], planned: int,

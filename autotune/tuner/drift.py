@@ -130,6 +130,20 @@ def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> l
     return found
 
 
+def within_round(search: Sequence[Reading], readings: Sequence[Reading]) -> list[Change]:
+    """The rates that moved within one confirmation round (``readings``: one per config it
+    ran, in order), against their noise over the ``search``'s readings."""
+    taken = [r for r in readings if rates(r)]
+    if not taken:
+        return []
+    cvs = noise(alike(search, taken[0]))
+    found: list[Change] = []
+    for name in sorted({k for r in taken for k in rates(r)}):
+        values = [r[name] for r in alike(taken, taken[0]) if name in r]
+        found += _within(name, [values], threshold(cvs.get(name)))
+    return found
+
+
 def _within(name: str, per_round: list[list[float]], limit: float) -> list[Change]:
     """Within a round, its configs (one after another) read the machine differently: the
     round's ratio compares a config on one machine with one on another."""
