@@ -74,6 +74,11 @@ def test_a_rate_that_moves_between_rounds_or_from_the_search_is_a_change() -> No
     within = changes(SEARCH, [[reading(300), reading(240)]])
     assert [(c.where, c.before, c.after) for c in within][0] == \
         ("within confirmation round 1", 300.0, 240.0)
+    # A move counts as the line says it, from the earlier reading: a fall of 9.5% is within
+    # the 10% (the faster reads 10.5% above the slower; a run said "-14%, beyond the 15%").
+    assert changes(SEARCH, [[reading(300), reading(271.5)]]) == []
+    assert changes(SEARCH, [[reading(271.5), reading(300)]]) != []
+    assert changes(SEARCH, [[reading(300)], [reading(271.5)]]) == []
     # The line names the round's two readings furthest apart, in the order they were taken.
     (three,) = changes(SEARCH, [[reading(300), reading(330), reading(255)]])
     assert (three.before, three.after) == (330.0, 255.0)

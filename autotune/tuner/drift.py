@@ -149,11 +149,14 @@ def _within(name: str, per_round: list[list[float]], limit: float) -> list[Chang
     round's ratio compares a config on one machine with one on another."""
     found = []
     for i, values in enumerate(per_round):
-        if len(values) >= 2 and max(values) / min(values) - 1.0 > limit:
-            lo, hi = values.index(min(values)), values.index(max(values))
-            first, last = sorted((lo, hi))
-            found.append(Change(name, values[first], values[last],
-                                f"within confirmation round {i + 1}", limit))
+        if len(values) < 2:
+            continue
+        lo, hi = values.index(min(values)), values.index(max(values))
+        first, last = sorted((lo, hi))
+        change = Change(name, values[first], values[last], f"within confirmation round {i + 1}",
+                        limit)
+        if abs(change.moved) > limit:  # as the line says it: a fall of 14% is not beyond 15%
+            found.append(change)
     return found
 
 
@@ -164,8 +167,7 @@ def _between(name: str, per_round: list[list[float]], limit: float) -> list[Chan
     if len(medians) < 2:
         return []
     slow, fast = min(medians, key=lambda m: m[1]), max(medians, key=lambda m: m[1])
-    if fast[1] / slow[1] - 1.0 <= limit:
-        return []
     early, late = sorted((slow, fast))
-    return [Change(name, early[1], late[1],
-                   f"between confirmation rounds {early[0] + 1} and {late[0] + 1}", limit)]
+    change = Change(name, early[1], late[1],
+                    f"between confirmation rounds {early[0] + 1} and {late[0] + 1}", limit)
+    return [change] if abs(change.moved) > limit else []
