@@ -177,6 +177,10 @@ def test_a_first_round_the_machine_changed_within_screens_nothing(tmp_path: Path
     steady = [(c, replace(m, sentinel={"copy_gbs": 40.0, "seconds": 1.0, "threads": 2}))
               for c, m in results]
     assert first_screen(cands, 3, [], steady, 60.0, None) == screen(cands, 3)
+    # A round steady within itself but apart from the search's readings compares its configs
+    # on one machine: the screen stands.
+    search = [{"copy_gbs": 20.0, "seconds": 1.0, "threads": 2}] * 3
+    assert first_screen(cands, 3, search, steady, 60.0, None) == screen(cands, 3)
 
 
 def study_of_tie() -> Any:

@@ -176,20 +176,20 @@ def test_the_optimizer_and_attention_are_tried_at_the_smallest_batch_as_fast_as_
     assert at == obs[0].config
     low = [finding("compute-bound", mfu=0.53)]
     # On a CPU, retained host memory first, on the incumbent itself.
-    p = diagnosis_next(cpu, incumbent, low, set(), never, per_step_at=at)
+    p = diagnosis_next(cpu, incumbent, low, set(), never, smallest_at=at)
     assert p is not None and p.config == cpu.variant(incumbent, malloc_retain=True)
     retained = {p.config}
-    p = diagnosis_next(cpu, incumbent, low, retained, never, per_step_at=at)
+    p = diagnosis_next(cpu, incumbent, low, retained, never, smallest_at=at)
     assert p is not None and p.config == cpu.variant(at, optimizer_impl="fused")
     assert p.stage == "diagnosis: compute-bound at MFU 53% -> optimizer_impl fused at micro-batch 8"
     # With the optimizer's values tried, the attention comes next, at 8x1 too (eager
     # attention's cost grows faster than the batch); compiling, last, changes the incumbent.
     tried = retained | {cpu.variant(at, optimizer_impl=v) for v in ("fused", "foreach")}
-    p = diagnosis_next(cpu, incumbent, low, tried, never, per_step_at=at)
+    p = diagnosis_next(cpu, incumbent, low, tried, never, smallest_at=at)
     assert p is not None and p.config == cpu.variant(at, attention="sdpa")
     assert p.stage.endswith("-> attention sdpa at micro-batch 8")
     tried |= {cpu.variant(at, attention=v) for v in ("sdpa", "eager")}
-    p = diagnosis_next(cpu, incumbent, low, tried, never, per_step_at=at)
+    p = diagnosis_next(cpu, incumbent, low, tried, never, smallest_at=at)
     assert p is not None and p.config == cpu.variant(incumbent, compile="default")
     # Where the smaller batches read slower by more than the noise, the incumbent is the place.
     assert smallest_as_fast(incumbent, 2.56, obs, noise=0.02) == incumbent

@@ -105,10 +105,12 @@ def alike(readings: Sequence[Reading], like: Reading) -> list[Reading]:
             and r.get("threads") == like.get("threads")]
 
 
-def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> list[Change]:
+def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]],
+            against_search: bool = True) -> list[Change]:
     """The rates that moved within or between the confirmation's ``rounds`` (each round's
-    readings: one per config it ran, in order) or from the ``search`` trials' readings to the
-    confirmation's: each rate's largest move, where one passed its threshold."""
+    readings: one per config it ran, in order) or, ``against_search``, from the ``search``
+    trials' readings to the confirmation's: each rate's largest move, where one passed its
+    threshold (set by the noise of the search's readings)."""
     taken = [r for rnd in rounds for r in rnd if rates(r)]
     if not taken:
         return []
@@ -121,7 +123,7 @@ def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> l
         moves = _within(name, per_round, limit) + _between(name, per_round, limit)
         before = [r[name] for r in search if name in r]
         after = [v for values in per_round for v in values]
-        if before and after:
+        if against_search and before and after:
             b, a = statistics.median(before), statistics.median(after)
             if abs(a / b - 1.0) > limit:
                 moves.append(Change(name, b, a, "from the search to the confirmation", limit))
@@ -133,15 +135,7 @@ def changes(search: Sequence[Reading], rounds: Sequence[Sequence[Reading]]) -> l
 def within_round(search: Sequence[Reading], readings: Sequence[Reading]) -> list[Change]:
     """The rates that moved within one confirmation round (``readings``: one per config it
     ran, in order), against their noise over the ``search``'s readings."""
-    taken = [r for r in readings if rates(r)]
-    if not taken:
-        return []
-    cvs = noise(alike(search, taken[0]))
-    found: list[Change] = []
-    for name in sorted({k for r in taken for k in rates(r)}):
-        values = [r[name] for r in alike(taken, taken[0]) if name in r]
-        found += _within(name, [values], threshold(cvs.get(name)))
-    return found
+    return changes(search, [readings], against_search=False)
 
 
 def _within(name: str, per_round: list[list[float]], limit: float) -> list[Change]:

@@ -122,11 +122,11 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
                    findings: Iterable[Finding], tried: Set[Config],
                    ruled_out: Callable[[Config], bool],
                    same: Mapping[str, Any] | None = None,
-                   per_step_at: Config | None = None) -> Proposal | None:
+                   smallest_at: Config | None = None) -> Proposal | None:
     """The next one-knob change of ``incumbent`` that addresses its findings (in the
     diagnosis's order) and has not been measured (``tried``: every config the study ran or
     queued) nor is ``ruled_out`` (predicted OOM or too slow) nor what the incumbent already
-    runs as (``same``: ``running_as``). An ``AT_SMALLEST`` knob changes ``per_step_at``
+    runs as (``same``: ``running_as``). An ``AT_SMALLEST`` knob changes ``smallest_at``
     instead (``smallest_as_fast``). None when every remedy the space allows was tried: the stage is
     over."""
     same = same or {}
@@ -137,7 +137,7 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
             domain = space.searched.get(knob)
             if not isinstance(domain, Choices):
                 continue
-            base = per_step_at if knob in AT_SMALLEST and per_step_at is not None else incumbent
+            base = smallest_at if knob in AT_SMALLEST and smallest_at is not None else incumbent
             at = f" at micro-batch {base.micro_batch_size}" if base != incumbent else ""
             for value in _values(knob, domain, getattr(base, knob)):
                 config = space.variant(base, **{knob: value})
