@@ -103,7 +103,7 @@ def gather(study: optuna.Study) -> DashboardData:
         limits_the_winner=tuple(str(f.get("text")) for f in facts.diagnosis),
         importance=rank(sampled(snap.records), study.get_trials(deepcopy=False),
                         walked=len(snap.measured)),
-        effects=tuple(measured_effects(snap.records, snap.confirmation)))
+        effects=tuple(measured_effects(snap.current, snap.confirmation)))
 
 
 def _headline(snap: StudySnapshot) -> Headline | None:

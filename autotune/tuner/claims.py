@@ -71,7 +71,7 @@ def measured_twin(snap: StudySnapshot, config: Config,
     """An earlier trial of exactly this config, measured with the same settings: its outcome
     (ok, oom, timeout or error) is reused, not re-run. TPE ignores failed trials and may
     propose them again."""
-    return next((r for r in snap.records if r.reused_from is None and r.config == config
+    return next((r for r in snap.current if r.reused_from is None and r.config == config
                  and MeasureSettings.same(r.measure_settings, settings)), None)
 
 

@@ -37,6 +37,7 @@ from autotune.tuner import (
     memory_binds,
     options,
     record,
+    rereads,
     stages,
     storage,
 )
@@ -47,12 +48,7 @@ from autotune.tuner.measurer import Measurer, MeasureTrial, sentinel_precisions
 from autotune.tuner.options import RunOptions
 from autotune.tuner.parallel import SerialReporter, run_slots
 from autotune.tuner.reporting import Interrupted, Reporter, RunSummary, StartInfo
-from autotune.tuner.search import (
-    Proposal,
-    noise_of,
-    since_improvement,
-    staged_next,
-)
+from autotune.tuner.search import Proposal, noise_of, since_improvement, staged_next
 from autotune.tuner.snapshot import StudySnapshot
 from autotune.tuner.trial_steps import TrialSteps
 from autotune.units import format_duration
@@ -311,7 +307,8 @@ class Runner:
             return False
         if proposal.config in running:
             return True  # another worker measures it now; this one samples meanwhile
-        record.queue_staged(self.study, self.space.params_for(proposal.config), proposal.stage)
+        record.queue_staged(self.study, self.space.params_for(proposal.config), proposal.stage,
+                            proposal.reread_of)
         return True
 
     def _peaks(self, snap: StudySnapshot) -> dict[str, float]:
@@ -322,13 +319,16 @@ class Runner:
 
     def _diagnosis_stage(self, snap: StudySnapshot, ruled_out: Callable[[Config], bool],
                          last: Callable[[Config], bool]) -> Proposal | None:
-        """After the staged start: the next change ``stages.after_start`` proposes for the
-        incumbent, diagnosed again from the study as it stands."""
+        """After the staged start: an unsteady losing reading measured again
+        (``rereads``), else the next change ``stages.after_start`` proposes for the incumbent,
+        diagnosed again from the study as it stands."""
         if (best := snap.best) is None:
             return None
         tried = {o.config for o in snap.observations} | set(snap.pending.running)
-        return stages.after_start(self.space, best, snap.observations,
-                                  diagnose_record(snap, best), tried, ruled_out, last)
+        return rereads.unsteady_loser(snap.observations, best.samples_per_sec or 0.0,
+                                      ruled_out) or \
+            stages.after_start(self.space, best, snap.observations, diagnose_record(snap, best),
+                               tried, ruled_out, last)
 
     def _nothing_applied(self, snap: StudySnapshot) -> bool:
         """For a script: the knobs it was found never to apply, fixed in this worker's space

@@ -63,6 +63,10 @@ class Observation:
     peak_tflops: float | None = None  # the peak that MFU was taken against (per device)
     # What a rank held for the model after its first steps (``trial.shard.model_state``).
     model_state: Mapping[str, int] | None = None
+    reread: bool = False  # a second reading of an unsteady trial, in its place (``rereads``)
+    # Its windows' move from first to last, where they moved one way (last / first - 1); 0.0
+    # where they went up and down; None with fewer than three windows.
+    trend: float | None = None
 
     @property
     def achieved(self) -> float | None:
@@ -243,6 +247,7 @@ def on_line(config: Config, line: Config) -> bool:
 class Proposal:
     config: Config
     stage: str  # what the proposal is for, shown to the user and kept on the trial
+    reread_of: int | None = None  # the trial whose config it measures again (``rereads``)
 
 
 def staged_next(space: NarrowedSpace, baseline: Config, observations: Sequence[Observation],

@@ -8,7 +8,7 @@ the spirit of Optuna's per-ask cache of frozen trials. Pure but for ``read``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import optuna
@@ -83,15 +83,39 @@ class StudySnapshot:
         return tuple(r for r in self.records if r.ran)
 
     @cached_property
+    def rereads(self) -> dict[int, TrialRecord]:
+        """Trials measured again by an ok re-read (``tuner.rereads``), with the re-read that
+        stands in their place: a later trial of the same config (a shared study's marks are
+        others' data: a mark that names anything else replaces nothing)."""
+        earlier = {r.number: r.config for r in self.records}
+        return {r.reread_of: r for r in self.records
+                if r.reread_of is not None and r.ran and r.ok and r.reread_of < r.number
+                and earlier.get(r.reread_of) == r.config}
+
+    @cached_property
+    def current(self) -> tuple[TrialRecord, ...]:
+        """The records less the readings a re-read replaced: what picks and effects read."""
+        return tuple(r for r in self.records if r.number not in self.rereads)
+
+    @cached_property
     def observations(self) -> list[Observation]:
         """What the search reads: one observation per trial that ran or was ruled out
-        (repeats of a config add nothing), in trial order."""
-        return [r.observation() for r in self.records if r.reused_from is None]
+        (repeats of a config add nothing), in trial order; a re-read's in the place (and under
+        the number) of the reading it replaced, so the search's tree of changes stands."""
+        again = {r.number for r in self.rereads.values()}
+        out = []
+        for r in self.records:
+            if r.reused_from is not None or r.number in again:
+                continue
+            second = self.rereads.get(r.number)
+            out.append(r.observation() if second is None else
+                       replace(second.observation(), number=r.number, reread=True))
+        return out
 
     @cached_property
     def best(self) -> TrialRecord | None:
         """The fastest ok trial whose peak memory stayed within the limit."""
-        return best_of(self.records, self.limit)
+        return best_of(self.current, self.limit)
 
     @cached_property
     def baseline(self) -> TrialRecord | None:
@@ -167,7 +191,7 @@ class StudySnapshot:
         """What the study measured, by config: the trial, its outcome and samples/sec;
         ruled-out configs did not run and are not here."""
         out: dict[Config, TriedConfig] = {}
-        for r in self.measured:
+        for r in sorted(self.measured, key=lambda r: r.number in self.rereads):
             out.setdefault(r.config, TriedConfig(r.number, r.status,
                                                  r.samples_per_sec if r.ok else None))
         return out
@@ -178,7 +202,8 @@ class StudySnapshot:
 
     def ok_within_limit(self) -> list[TrialRecord]:
         """Distinct configs that ran ok within the limit, fastest first."""
-        ok = [r for r in self.measured if r.ok and r.peak_memory_bytes <= self.limit]
+        ok = [r for r in self.measured if r.ok and r.peak_memory_bytes <= self.limit
+              and r.number not in self.rereads]
         return sorted(ok, key=lambda r: -(r.samples_per_sec or 0.0))
 
 

@@ -389,7 +389,7 @@ def story(trials: Sequence[TrialRecord], baseline_rate: float | None) -> list[st
     out = []
     for t in trials:
         stage = t.stage or ""
-        if not stage.startswith(("diagnosis: ", "combination: ", "neighbour: ")):
+        if not stage.startswith(("diagnosis: ", "combination: ", "neighbour: ", "re-read: ")):
             continue
         told = stage.removeprefix("diagnosis: ")
         rate = t.samples_per_sec

@@ -103,7 +103,8 @@ class TrialSteps:
             is_baseline = record.is_baseline(trial)
             config = self._space_for(trial).suggest(trial, self.baseline)
             record.mark_config(trial, config)
-            v, snap = self._verdict(trial.number, config, is_baseline, remaining)
+            v, snap = self._verdict(trial.number, config, is_baseline, remaining,
+                                    fresh=is_baseline or record.reread_of(trial) is not None)
             if v.record is not None:  # nothing runs
                 self._write(trial, v.record)
                 told = True
@@ -153,16 +154,18 @@ class TrialSteps:
                               replace(self.baseline, sharding=self.sharding_now))
 
     def _verdict(self, number: int, config: Config, is_baseline: bool,
-                 remaining: float | None) -> tuple[verdict.Verdict, StudySnapshot]:
+                 remaining: float | None,
+                 fresh: bool = False) -> tuple[verdict.Verdict, StudySnapshot]:
         """What happens to ``config`` (``tuner.verdict``), from the study as it stands; while
         another worker measures exactly this config, wait for it: its result is then reused,
-        so a fleet never measures one config twice at the same time."""
+        so a fleet never measures one config twice at the same time. A ``fresh`` trial (the
+        baseline, a re-read) is measured whatever its twins."""
         told = False
         while True:
             snap = self.read()
-            running = () if is_baseline else tuple(
+            running = () if fresh else tuple(
                 claims.running_twins(self.study, number, config, self.opts.measure))
-            twin = None if is_baseline or running else \
+            twin = None if fresh or running else \
                 claims.measured_twin(snap, config, self.opts.measure)
             model = self.memory_model(snap)
             v = verdict.decide(verdict.Facts(

@@ -41,6 +41,7 @@ class TrialRecord:
     reused_from: int | None = None  # a repeat of a measured config: its outcome, reused
     predicted_kind: Predicted | None = None  # ruled out without running: by which model
     stage: str | None = None  # why the search proposed it, when it was not the sampler
+    reread_of: int | None = None  # an unsteady trial it measured again (``tuner.rereads``)
     forecast: Forecast = field(default_factory=Forecast)
     overhead_share: float | None = None
     measure_settings: Mapping[str, Any] = field(default_factory=dict)
@@ -164,7 +165,26 @@ class TrialRecord:
                            peak_memory_bytes=self.peak_memory_bytes, spread_cv=self.spread_cv,
                            predicted=self.predicted, number=self.number,
                            mfu=self.measurement.mfu, peak_tflops=self.measurement.peak_tflops,
-                           model_state=_model_state(self.measurement.applied))
+                           model_state=_model_state(self.measurement.applied),
+                           trend=_trend(self.measurement.windows))
+
+
+def _trend(windows: Any) -> float | None:
+    """The windows' move from first to last where every step went the same way (0.0 where
+    they went up and down); None with fewer than three windows that hold numbers (a shared
+    study's record is others' data)."""
+    rates = []
+    for w in windows if isinstance(windows, list) else ():
+        samples, seconds = (w.get("samples"), w.get("seconds")) if isinstance(w, Mapping) \
+            else (None, None)
+        if isinstance(samples, int | float) and isinstance(seconds, int | float) \
+                and seconds > 0 and samples > 0 and math.isfinite(samples / seconds):
+            rates.append(samples / seconds)
+    if len(rates) < 3:
+        return None
+    steps = [b - a for a, b in zip(rates, rates[1:], strict=False)]
+    one_way = all(s > 0 for s in steps) or all(s < 0 for s in steps)
+    return rates[-1] / rates[0] - 1.0 if one_way else 0.0
 
 
 def _model_state(applied: Mapping[str, Any]) -> dict[str, int] | None:
@@ -227,6 +247,7 @@ def _parse(t: FrozenTrial, a: Mapping[str, Any]) -> TrialRecord:
         measurement=Measurement.from_dict(measured),
         is_baseline=bool(a.get("baseline")),
         reused_from=a.get("reused_from"), predicted_kind=predicted, stage=a.get("stage"),
+        reread_of=reread_of(t),
         forecast=Forecast.from_dict(forecast), overhead_share=a.get("overhead_share"),
         measure_settings=dict(a.get("measure_settings") or {}), budget=budget,
         params=dict(t.params), started=t.datetime_start, completed=t.datetime_complete)
@@ -293,6 +314,13 @@ def running_twins(study: optuna.Study, number: int, config: Config,
 def is_baseline(trial: optuna.Trial | FrozenTrial) -> bool:
     """Whether a trial (asked, or stored) is the baseline's."""
     return bool(trial.user_attrs.get("baseline"))
+
+
+def reread_of(trial: optuna.Trial | FrozenTrial) -> int | None:
+    """The trial a queued re-read measures again (a whole number, else None: a shared study's
+    attributes are others' data)."""
+    found = trial.user_attrs.get("reread_of")
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
 
 
 def was_queued(trial: optuna.Trial | FrozenTrial) -> bool:

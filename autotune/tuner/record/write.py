@@ -271,6 +271,11 @@ def queue_baseline(study: optuna.Study, params: Mapping[str, object]) -> None:
     study.enqueue_trial(dict(params), user_attrs={"baseline": True})
 
 
-def queue_staged(study: optuna.Study, params: Mapping[str, object], stage: str) -> None:
-    """A config the staged search proposes next, with why (``TrialRecord.stage``)."""
-    study.enqueue_trial(dict(params), user_attrs={"stage": stage})
+def queue_staged(study: optuna.Study, params: Mapping[str, object], stage: str,
+                 reread_of: int | None = None) -> None:
+    """A config the staged search proposes next, with why (``TrialRecord.stage``); with
+    ``reread_of``, a measured trial's config measured again (``TrialRecord.reread_of``)."""
+    attrs: dict[str, object] = {"stage": stage}
+    if reread_of is not None:
+        attrs["reread_of"] = reread_of
+    study.enqueue_trial(dict(params), user_attrs=attrs)
