@@ -206,9 +206,25 @@ def test_within_the_margin_peaks_alike_leave_the_higher_median() -> None:
     d = decide([fused, plain, base], int(18.3 * GiB))
     assert d.winner is fused and d.runner_up is plain and d.decided_by == WITHIN_MARGIN
     assert settled([fused, plain, base], int(18.3 * GiB)) is None
-    # Roomier by more than the headroom (5% of the limit): the roomier one, as before.
+    # Roomier by more than the headroom (5% of the limit), but both far from the wall: still
+    # the higher median.
     roomy = cand(1, [4.66, 4.10], 2.0 * GiB)
-    assert decide([fused, roomy, base], int(18.3 * GiB)).winner is roomy
+    assert decide([fused, roomy, base], int(18.3 * GiB)).decided_by == WITHIN_MARGIN
+
+
+def test_within_the_margin_headroom_decides_only_near_the_wall() -> None:
+    """A Zen 4 run's confirmation: 16x1 [3.17, 3.18] at 4.30 GiB, 8x1 [3.15, 2.88] at 3.04 GiB
+    of an 18.3 GiB limit, within the margin (8.9%). Roomier by 1.26 GiB (7% of the limit), but
+    16x1 peaks at a quarter of it: the higher median wins. With 16x1 peaking past half the
+    limit, the roomier 8x1 does."""
+    limit = int(18.3 * GiB)
+    wide, narrow = cand(10, [3.17, 3.18], 4.30 * GiB), cand(9, [3.15, 2.88], 3.04 * GiB)
+    base = cand(0, [1.30, 1.08], 3.19 * GiB, is_baseline=True)
+    d = decide([wide, narrow, base], limit)
+    assert d.winner is wide and d.decided_by == WITHIN_MARGIN and d.margin > 0.05
+    near = cand(10, [3.17, 3.18], 10.0 * GiB)
+    d = decide([near, narrow, base], limit)
+    assert d.winner is narrow and d.decided_by == "headroom"
 
 
 def test_confirmation_excludes_configs_without_headroom_or_with_failures() -> None:
