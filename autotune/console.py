@@ -18,9 +18,8 @@ from autotune.trial.measurement import Measurement, Status
 from autotune.trial.progress import ProgressEvent
 from autotune.tuner.confirmation import NO_WIN, Candidate
 from autotune.tuner.record import TrialRecord
-from autotune.tuner.reporting import QuietReporter, RunSummary, StartInfo
+from autotune.tuner.reporting import QuietReporter, RunSummary, StartInfo, story
 from autotune.tuner.snapshot import CONFIRMED
-from autotune.tuner.stages import story
 from autotune.units import format_bytes
 
 __all__ = ["ConsoleReporter", "JsonReporter", "QuietReporter"]

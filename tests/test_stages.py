@@ -16,6 +16,7 @@ from autotune.trial.measurement import Measurement, Status
 from autotune.tuner.budget import StepTimeModel
 from autotune.tuner.diagnosis import Finding
 from autotune.tuner.record import TrialRecord, read_trial
+from autotune.tuner.reporting import story
 from autotune.tuner.search import MemoryModel, Observation, staged_next
 from autotune.tuner.stages import (
     ONE_READING,
@@ -26,7 +27,6 @@ from autotune.tuner.stages import (
     neighbours,
     running_as,
     smallest_as_fast,
-    story,
 )
 
 GPU_SPACE = narrow(load_space("default"), fake_gpus(2), 2, Config(world_size=2),
@@ -95,6 +95,27 @@ def test_a_stage_walks_its_remedies_and_ends_when_all_were_tried() -> None:
     kinds = [x.split()[0] for x in stages]
     assert max(i for i, k in enumerate(kinds) if k == "attention") < kinds.index("compile")
     assert len(stages) == len(set(stages))
+
+
+def test_a_knob_already_at_its_likeliest_value_waits_for_the_other_knobs() -> None:
+    """A Zen 4 run: fused AdamW won at 8x1 and the diagnosis tried foreach next; the search
+    ended before eager attention ran. With the incumbent on fused, attention goes first, and
+    the optimizer's other values come once the other knobs were tried."""
+    fused = CPU_BF16.variant(Config(), micro_batch_size=8, amp="bf16", optimizer_impl="fused",
+                             malloc_retain=True)
+    low = [finding("low-mfu", mfu=0.2)]
+    tried: set[Config] = set()
+    stages = []
+    while (p := diagnosis_next(CPU_BF16, fused, low, tried, never,
+                               {"attention": "sdpa"})) is not None:
+        tried.add(p.config)
+        stages.append(p.stage.split("-> ")[1])
+    assert stages[0] == "attention eager", stages
+    assert stages.index("optimizer_impl foreach") > stages.index("attention eager")
+    # An incumbent on the default optimizer tries its values first, as before.
+    plain = CPU_BF16.variant(fused, optimizer_impl="default")
+    first = diagnosis_next(CPU_BF16, plain, low, set(), never, {"attention": "sdpa"})
+    assert first is not None and first.stage.endswith("-> optimizer_impl fused")
 
 
 def test_a_change_to_what_the_incumbent_already_runs_as_is_not_proposed() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from autotune.report.data import DashboardData, Headline, gather
 from autotune.report.panels import panels
-from autotune.tuner.stages import story
+from autotune.tuner.reporting import story
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:

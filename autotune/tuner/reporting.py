@@ -3,6 +3,7 @@ each trial, the confirmation's rounds, notes, and the summary at the end."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -11,7 +12,7 @@ from autotune.config.knobs import Config
 from autotune.config.space import NarrowedSpace
 from autotune.errors import AutotuneError
 from autotune.machine.hardware import Hardware
-from autotune.trial.measurement import Measurement
+from autotune.trial.measurement import Measurement, Status
 from autotune.trial.progress import ProgressEvent
 from autotune.tuner.confirmation import Candidate, Confirmation
 from autotune.tuner.diagnosis import Finding
@@ -84,3 +85,20 @@ class QuietReporter:
     def confirming(self, *args: Any) -> None: ...
     def note(self, line: str) -> None: ...
     def finished(self, summary: RunSummary) -> None: ...
+
+
+def story(trials: Sequence[TrialRecord], baseline_rate: float | None) -> list[str]:
+    """Lines for the console and the dashboard: each diagnosis-led trial's stage and the speedup
+    its search trial measured over the baseline's."""
+    out = []
+    for t in trials:
+        stage = t.stage or ""
+        if not stage.startswith(("diagnosis: ", "combination: ", "neighbour: ", "re-read: ")):
+            continue
+        told = stage.removeprefix("diagnosis: ")
+        rate = t.samples_per_sec
+        if t.status == Status.OK and rate and baseline_rate:
+            out.append(f"{told}: {rate / baseline_rate:.2f}x")
+        else:
+            out.append(f"{told}: no result")
+    return out

@@ -130,14 +130,20 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
     instead (``smallest_as_fast``). None when every remedy the space allows was tried: the stage is
     over."""
     same = same or {}
+    def base_for(knob: str) -> Config:
+        return smallest_at if knob in AT_SMALLEST and smallest_at is not None else incumbent
+
     for finding in findings:
         kind = finding.kind
         words = headline(kind, finding.evidence)
-        for knob in REMEDIES.get(kind, ()):
+        # A knob at its likeliest value (fused AdamW that won) waits for the other knobs: a run
+        # tried foreach after fused had won, and its search ended before eager attention ran.
+        for knob in sorted(REMEDIES.get(kind, ()), key=lambda k: getattr(base_for(k), k)
+                           == PREFERRED.get(k, (None,))[0]):
             domain = space.searched.get(knob)
             if not isinstance(domain, Choices):
                 continue
-            base = smallest_at if knob in AT_SMALLEST and smallest_at is not None else incumbent
+            base = base_for(knob)
             at = f" at micro-batch {base.micro_batch_size}" if base != incumbent else ""
             for value in _values(knob, domain, getattr(base, knob)):
                 config = space.variant(base, **{knob: value})
@@ -382,19 +388,3 @@ def _larger_micro(space: NarrowedSpace, incumbent: Config) -> Config | None:
 def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
-
-def story(trials: Sequence[TrialRecord], baseline_rate: float | None) -> list[str]:
-    """Lines for the console and the dashboard: each diagnosis-led trial's stage and the speedup
-    its search trial measured over the baseline's."""
-    out = []
-    for t in trials:
-        stage = t.stage or ""
-        if not stage.startswith(("diagnosis: ", "combination: ", "neighbour: ", "re-read: ")):
-            continue
-        told = stage.removeprefix("diagnosis: ")
-        rate = t.samples_per_sec
-        if t.status == Status.OK and rate and baseline_rate:
-            out.append(f"{told}: {rate / baseline_rate:.2f}x")
-        else:
-            out.append(f"{told}: no result")
-    return out
