@@ -127,8 +127,8 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
     diagnosis's order) and has not been measured (``tried``: every config the study ran or
     queued) nor is ``ruled_out`` (predicted OOM or too slow) nor what the incumbent already
     runs as (``same``: ``running_as``). An ``AT_SMALLEST`` knob changes ``smallest_at``
-    instead (``smallest_as_fast``). None when every remedy the space allows was tried: the stage is
-    over."""
+    instead (``smallest_as_fast``); a knob already at its first ``PREFERRED`` value comes
+    last. None when every remedy the space allows was tried: the stage is over."""
     same = same or {}
     def base_for(knob: str) -> Config:
         return smallest_at if knob in AT_SMALLEST and smallest_at is not None else incumbent
@@ -138,8 +138,8 @@ def diagnosis_next(space: NarrowedSpace, incumbent: Config,
         words = headline(kind, finding.evidence)
         # A knob at its likeliest value (fused AdamW that won) waits for the other knobs: a run
         # tried foreach after fused had won, and its search ended before eager attention ran.
-        for knob in sorted(REMEDIES.get(kind, ()), key=lambda k: getattr(base_for(k), k)
-                           == PREFERRED.get(k, (None,))[0]):
+        for knob in sorted(REMEDIES.get(kind, ()), key=lambda k: k in PREFERRED
+                           and getattr(base_for(k), k) == PREFERRED[k][0]):
             domain = space.searched.get(knob)
             if not isinstance(domain, Choices):
                 continue
