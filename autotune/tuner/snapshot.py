@@ -191,7 +191,7 @@ class StudySnapshot:
         """What the study measured, by config: the trial, its outcome and samples/sec;
         ruled-out configs did not run and are not here."""
         out: dict[Config, TriedConfig] = {}
-        for r in sorted(self.measured, key=lambda r: r.number in self.rereads):
+        for r in (r for r in self.current if r.ran):
             out.setdefault(r.config, TriedConfig(r.number, r.status,
                                                  r.samples_per_sec if r.ok else None))
         return out
@@ -202,8 +202,7 @@ class StudySnapshot:
 
     def ok_within_limit(self) -> list[TrialRecord]:
         """Distinct configs that ran ok within the limit, fastest first."""
-        ok = [r for r in self.measured if r.ok and r.peak_memory_bytes <= self.limit
-              and r.number not in self.rereads]
+        ok = [r for r in self.current if r.ran and r.ok and r.peak_memory_bytes <= self.limit]
         return sorted(ok, key=lambda r: -(r.samples_per_sec or 0.0))
 
 
